@@ -1,0 +1,30 @@
+/*
+** compat.h - the Lua version differences async_hooks cares about.
+** Everything version-dependent goes here; the rest of src/ is plain 5.4.
+*/
+#ifndef AH_COMPAT_H
+#define AH_COMPAT_H
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#if LUA_VERSION_NUM < 504
+#error "async_hooks needs Lua 5.4 (LuaJIT/5.1 support is planned, not done)"
+#endif
+
+/* lua_resetthread changed signature in 5.4.5 and became lua_closethread
+** in 5.4.6. */
+#if LUA_VERSION_RELEASE_NUM >= 50406
+#define ah_closethread(co, from) lua_closethread((co), (from))
+#elif LUA_VERSION_RELEASE_NUM == 50405
+#define ah_closethread(co, from) lua_resetthread((co), (from))
+#else
+#define ah_closethread(co, from) ((void)(from), lua_resetthread(co))
+#endif
+
+/* One pointer-sized raw slot per lua_State.  async_hooks stores the index
+** of the thread's context slot there (never a pointer, so a value that was
+** never written by us cannot be dereferenced). */
+#define ah_extra(L) (*(uintptr_t *)lua_getextraspace(L))
+
+#endif

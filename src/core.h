@@ -1,0 +1,129 @@
+/*
+** core.h - shared state of the async_hooks C core.
+**
+** Every Lua thread that runs library-aware code owns a *context slot*: an
+** entry of a per-state native array (inline for the first AH_INLINE threads,
+** grown on the heap beyond that and shrunk back when the load drops) that
+** holds the thread's current execution context: asyncId and triggerAsyncId
+** in C, and the frame and resource in two weak-valued Lua tables indexed by
+** slot.  The slot index lives in the thread's LUA_EXTRASPACE, so finding the
+** current context is O(1) and a coroutine switch needs no bookkeeping at all:
+** the running thread *is* the context.
+*/
+#ifndef AH_CORE_H
+#define AH_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compat.h"
+
+#define AH_INLINE 64
+
+/* hook kinds, also the index of their function list */
+enum { AH_INIT = 1, AH_BEFORE, AH_AFTER, AH_DESTROY, AH_NKINDS = AH_DESTROY };
+
+/* slot kinds */
+enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
+
+/* shared upvalues of every core function */
+#define AH_UV_STATE lua_upvalueindex(1)
+#define AH_UV_F lua_upvalueindex(2) /* slot -> current frame (weak values) */
+#define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
+#define AH_UV_T lua_upvalueindex(4) /* thread -> record (weak keys) */
+#define AH_UV_AUX lua_upvalueindex(5) /* strong table of internals */
+#define AH_NUP 5
+
+/* integer keys of the aux table */
+enum {
+  AUX_EMPTY = 1, /* the empty frame */
+  AUX_FRAME_MT,  /* metatable of frames */
+  AUX_TOP,       /* executionAsyncResource() at top level */
+  AUX_REC_MT,    /* metatable of thread records */
+  AUX_GUARD_MT,  /* metatable of scope guards */
+  AUX_GCTOK_MT,  /* metatable of GC destroy tokens */
+  AUX_ORDER,     /* enabled hooks, in enable order */
+  AUX_LISTS,     /* {init fns, before fns, after fns, destroy fns} */
+  AUX_MAINREC,   /* record of the main thread */
+  AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
+  AUX_LUV,       /* luv integration state */
+  AUX_N
+};
+
+typedef struct ah_slot {
+  lua_State *L;        /* owning thread; NULL when free */
+  lua_Integer id;      /* current executionAsyncId */
+  lua_Integer trigger; /* current triggerAsyncId */
+  lua_Integer base_id; /* the thread's own asyncId (coroutine resource) */
+  lua_Integer base_trigger;
+  int next_free;
+  unsigned char kind;
+  unsigned char destroyed; /* destroy already queued or delivered */
+} ah_slot;
+
+typedef struct ah_state {
+  lua_State *mainL;
+  lua_Integer next_id;
+  ah_slot *slots;
+  int cap;       /* slots in use by the array (AH_INLINE when inline) */
+  int free_low;  /* free list of slots < AH_INLINE */
+  int free_high; /* free list of slots >= AH_INLINE */
+  int used_high; /* slots >= AH_INLINE in use */
+  int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
+  int dispatching;           /* depth of hook dispatch */
+  int dirty;                 /* hook set changed during dispatch */
+  int active;                /* resumes + callbacks + main-thread scopes */
+  int res_on;                /* executionAsyncResource() was called */
+  int closed;                /* state finalized (lua_close) */
+  lua_Integer *dq;           /* queued destroy ids */
+  size_t dq_n, dq_cap;
+  ah_slot inline_slots[AH_INLINE];
+} ah_state;
+
+#define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
+
+/* slots.c */
+int ah_slot_slow(lua_State *L, ah_state *st);
+static inline int ah_slot_of(lua_State *L, ah_state *st) {
+  uintptr_t s = ah_extra(L);
+  if (s < (uintptr_t)st->cap && st->slots[s].L == L) return (int)s;
+  return ah_slot_slow(L, st);
+}
+int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
+                lua_Integer trigger, int kind);
+void ah_set_frame(lua_State *L, int s, int idx);
+void ah_set_resource(lua_State *L, int s, int idx);
+void ah_push_resource(lua_State *L, ah_state *st, int s);
+void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_push_shared(lua_State *L);
+void ah_open_slots(lua_State *L);
+extern const luaL_Reg ah_slot_funcs[];
+
+/* frames.c */
+void ah_open_frames(lua_State *L);
+extern const luaL_Reg ah_frame_funcs[];
+
+/* hooks.c */
+void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
+void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
+                  lua_Integer trigger, int res_idx);
+void ah_queue_destroy(ah_state *st, lua_Integer id);
+void ah_flush(lua_State *L, ah_state *st);
+#define ah_flush_maybe(L, st) \
+  do { if ((st)->dq_n && !(st)->active && !(st)->dispatching) ah_flush((L), (st)); } while (0)
+#define ah_hooks_on(st, k) ((st)->nhooks[k] != 0)
+void ah_open_hooks(lua_State *L);
+extern const luaL_Reg ah_hook_funcs[];
+
+/* scope.c */
+void ah_open_scope(lua_State *L);
+extern const luaL_Reg ah_scope_funcs[];
+
+/* coro.c */
+void ah_open_coro(lua_State *L);
+extern const luaL_Reg ah_coro_funcs[];
+
+/* luv.c */
+extern const luaL_Reg ah_luv_funcs[];
+
+#endif

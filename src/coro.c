@@ -1,0 +1,230 @@
+/*
+** coro.c - the coroutine trampoline: create, wrap, resume and close with
+** propagation, as drop-in replacements for the coroutine library.
+**
+** create() captures the creator's frame into the new thread's slot; from
+** then on the thread carries its own context, so resume() has nothing to
+** switch: with no hook enabled it is lcorolib's resume plus two integer
+** operations.  With before/after/destroy hooks enabled it emits them around
+** the resume slice, in the coroutine's context.
+*/
+#include "core.h"
+
+static lua_State *getco(lua_State *L) {
+  lua_State *co = lua_tothread(L, 1);
+  luaL_argexpected(L, co, 1, "coroutine");
+  return co;
+}
+
+/* register the coroutine at thread_idx, created by L, and emit its init */
+static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
+  int s = ah_slot_of(L, st), ns;
+  lua_Integer trigger = st->slots[s].id;
+  thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_F, s);
+  ns = ah_register(L, st, thread_idx, -1, trigger, AH_KCORO);
+  lua_pop(L, 1);
+  if (ah_hooks_on(st, AH_INIT)) {
+    ah_push_resource_of(L, st, ns, thread_idx);
+    ah_emit_init(L, st, st->slots[ns].base_id, "coroutine", trigger, -1);
+    lua_pop(L, 1);
+  }
+}
+
+static int co_create(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_State *NL;
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  NL = lua_newthread(L);
+  lua_pushvalue(L, 1);
+  lua_xmove(L, NL, 1);
+  init_coroutine(L, st, 2);
+  return 1;
+}
+
+/* slot of the coroutine at co_idx, registering a coroutine created behind
+** the library's back with the resumer's context */
+static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
+  uintptr_t cs = ah_extra(co);
+  int s;
+  if (cs < (uintptr_t)st->cap && st->slots[cs].L == co) return (int)cs;
+  s = ah_slot_of(L, st);
+  lua_rawgeti(L, AH_UV_F, s);
+  cs = (uintptr_t)ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
+  lua_pop(L, 1);
+  return (int)cs;
+}
+
+static int suspended(lua_State *co) {
+  lua_Debug ar;
+  switch (lua_status(co)) {
+    case LUA_YIELD: return 1;
+    case LUA_OK: return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
+    default: return 0;
+  }
+}
+
+/* emit before/after for the coroutine in slot cs, in its context */
+static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
+                       int co_idx) {
+  int s = ah_slot_of(L, st);
+  lua_Integer id = st->slots[s].id, trigger = st->slots[s].trigger;
+  if (!st->nhooks[kind]) return;
+  luaL_checkstack(L, 4, "async_hooks");
+  lua_rawgeti(L, AH_UV_R, s); /* resumer's resource, restored below */
+  ah_push_resource_of(L, st, cs, co_idx);
+  ah_set_resource(L, s, -1);
+  lua_pop(L, 1);
+  st->slots[s].id = st->slots[cs].base_id;
+  st->slots[s].trigger = st->slots[cs].base_trigger;
+  ah_emit_id(L, st, kind, st->slots[cs].base_id);
+  st->slots[s].id = id;
+  st->slots[s].trigger = trigger;
+  ah_set_resource(L, s, -1);
+  lua_pop(L, 1);
+}
+
+/* the coroutine in slot cs is finished: destroy it once */
+static void ended(ah_state *st, int cs) {
+  if (st->slots[cs].destroyed) return;
+  st->slots[cs].destroyed = 1;
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, st->slots[cs].base_id);
+}
+
+/* lcorolib's auxresume, plus hooks */
+static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
+                     int narg) {
+  int status, nres, cs, hooks;
+  if (!lua_checkstack(co, narg)) {
+    lua_pushliteral(L, "too many arguments to resume");
+    return -1;
+  }
+  co_idx = lua_absindex(L, co_idx);
+  cs = co_slot(L, st, co, co_idx);
+  hooks = (st->nhooks[AH_BEFORE] | st->nhooks[AH_AFTER] |
+           st->nhooks[AH_DESTROY]) && suspended(co);
+  if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);
+  lua_xmove(L, co, narg);
+  st->active++;
+  status = lua_resume(co, L, narg, &nres);
+  st->active--;
+  if (status == LUA_OK || status == LUA_YIELD) {
+    if (!lua_checkstack(L, nres + 1)) {
+      lua_pop(co, nres);
+      lua_pushliteral(L, "too many results to resume");
+      nres = -1;
+    } else {
+      lua_xmove(co, L, nres);
+    }
+  } else {
+    lua_xmove(co, L, 1);
+    nres = -1;
+  }
+  if (hooks) emit_slice(L, st, AH_AFTER, cs, co_idx);
+  /* finished now: returned, or raised (resuming a dead or running
+  ** coroutine fails without changing its status) */
+  if (status == LUA_OK ||
+      (status != LUA_YIELD && lua_status(co) != LUA_OK &&
+       lua_status(co) != LUA_YIELD))
+    ended(st, cs);
+  ah_flush_maybe(L, st);
+  return nres;
+}
+
+static int co_resume(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_State *co = getco(L);
+  int r = auxresume(L, st, co, 1, lua_gettop(L) - 1);
+  if (r < 0) {
+    lua_pushboolean(L, 0);
+    lua_insert(L, -2);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  lua_insert(L, -(r + 1));
+  return r + 1;
+}
+
+#define AH_UV_CO lua_upvalueindex(AH_NUP + 1)
+
+static int co_auxwrap(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_State *co = lua_tothread(L, AH_UV_CO);
+  int r = auxresume(L, st, co, AH_UV_CO, lua_gettop(L));
+  if (r < 0) {
+    int stat = lua_status(co);
+    if (stat != LUA_OK && stat != LUA_YIELD) { /* error in the coroutine */
+      stat = ah_closethread(co, L);            /* close its tbc variables */
+      lua_xmove(co, L, 1);
+    }
+    if (stat != LUA_ERRMEM && lua_type(L, -1) == LUA_TSTRING) {
+      luaL_where(L, 1);
+      lua_insert(L, -2);
+      lua_concat(L, 2);
+    }
+    return lua_error(L);
+  }
+  return r;
+}
+
+static int co_wrap(lua_State *L) {
+  co_create(L);
+  ah_push_shared(L);
+  lua_pushvalue(L, 2);
+  lua_pushcclosure(L, co_auxwrap, AH_NUP + 1);
+  return 1;
+}
+
+enum { COS_RUN, COS_DEAD, COS_YIELD, COS_NORM };
+static const char *const statname[] = {"running", "dead", "suspended",
+                                       "normal"};
+
+static int auxstatus(lua_State *L, lua_State *co) {
+  lua_Debug ar;
+  if (L == co) return COS_RUN;
+  switch (lua_status(co)) {
+    case LUA_YIELD: return COS_YIELD;
+    case LUA_OK:
+      if (lua_getstack(co, 0, &ar)) return COS_NORM;
+      return lua_gettop(co) == 0 ? COS_DEAD : COS_YIELD;
+    default: return COS_DEAD;
+  }
+}
+
+static int co_close(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_State *co = getco(L);
+  int status = auxstatus(L, co), cs;
+  if (status != COS_DEAD && status != COS_YIELD)
+    return luaL_error(L, "cannot close a %s coroutine", statname[status]);
+  cs = co_slot(L, st, co, 1);
+  st->active++;
+  status = ah_closethread(co, L);
+  st->active--;
+  ended(st, cs);
+  ah_flush_maybe(L, st);
+  if (status == LUA_OK) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  lua_pushboolean(L, 0);
+  lua_xmove(co, L, 1);
+  return 2;
+}
+
+static const luaL_Reg coro_funcs[] = {
+  {"create", co_create},
+  {"wrap", co_wrap},
+  {"resume", co_resume},
+  {"close", co_close},
+  {NULL, NULL}
+};
+
+/* module table on top: adds module.coro = {create, wrap, resume, close} */
+void ah_open_coro(lua_State *L) {
+  lua_createtable(L, 0, 4);
+  ah_push_shared(L);
+  luaL_setfuncs(L, coro_funcs, AH_NUP);
+  lua_setfield(L, -2, "coro");
+}

@@ -1,0 +1,191 @@
+/*
+** frames.c - immutable copy-on-write frames and context values.
+**
+** A frame is a table {token -> value} with weak keys (an ephemeron table):
+** every AsyncLocal holds a token userdata, and disable() swaps in a fresh
+** token, so every value stored under the old one becomes collectable in every
+** frame at once.  Frames are never modified after creation; set/run build a
+** new one.  An explicit nil is stored as the NILV light userdata so that it
+** shadows the default.  The frame metatable's __close restores a frame, which
+** lets Lua code write scopes as `local prev <close> = enter(...)`.
+*/
+#include "core.h"
+
+#define AH_TOKEN_MAGIC 0x41484c54u
+
+typedef struct ah_token {
+  unsigned int magic;
+} ah_token;
+
+static const char ah_nilv = 0;
+#define NILV ((void *)&ah_nilv)
+
+/* push the token of the AsyncLocal at idx, or raise */
+static void push_token(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    if (lua_rawgeti(L, idx, 1) == LUA_TUSERDATA &&
+        lua_rawlen(L, -1) == sizeof(ah_token) &&
+        ((ah_token *)lua_touserdata(L, -1))->magic == AH_TOKEN_MAGIC)
+      return;
+    lua_pop(L, 1);
+  }
+  luaL_typeerror(L, idx, "AsyncLocal");
+}
+
+static int l_get(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s = ah_slot_of(L, st);
+  lua_rawgeti(L, AH_UV_F, s);
+  push_token(L, 1);
+  if (lua_rawget(L, -2) == LUA_TNIL) {
+    lua_getfield(L, 1, "default");
+    return 1;
+  }
+  if (lua_touserdata(L, -1) == NILV) lua_pushnil(L);
+  return 1;
+}
+
+/* push F[s] with tok -> val (absolute indices); reuses F[s] when it already
+** maps tok to that very value */
+static void push_frame_with(lua_State *L, int s, int tok, int val) {
+  int fr, nf, n = 0;
+  lua_rawgeti(L, AH_UV_F, s);
+  fr = lua_gettop(L);
+  lua_pushvalue(L, tok);
+  lua_rawget(L, fr);
+  if (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
+                        : lua_rawequal(L, -1, val)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, fr)) {
+    n++;
+    lua_pop(L, 1);
+  }
+  lua_createtable(L, 0, n + 1);
+  nf = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, fr)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, nf);
+  }
+  lua_pushvalue(L, tok);
+  if (lua_isnil(L, val))
+    lua_pushlightuserdata(L, NILV);
+  else
+    lua_pushvalue(L, val);
+  lua_rawset(L, nf);
+  lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
+  lua_setmetatable(L, nf);
+  lua_remove(L, fr);
+}
+
+/* v:set(value) */
+static int l_set(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s;
+  lua_settop(L, 2);
+  push_token(L, 1); /* 3 */
+  s = ah_slot_of(L, st);
+  push_frame_with(L, s, 3, 2); /* 4 */
+  ah_set_frame(L, s, 4);
+  return 0;
+}
+
+/* enter(v, value) -> previous frame; the caller closes it to restore */
+static int l_enter(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s;
+  lua_settop(L, 2);
+  push_token(L, 1); /* 3 */
+  s = ah_slot_of(L, st);
+  lua_rawgeti(L, AH_UV_F, s); /* 4: previous */
+  push_frame_with(L, s, 3, 2); /* 5 */
+  ah_set_frame(L, s, 5);
+  lua_settop(L, 4);
+  return 1;
+}
+
+static void check_frame(lua_State *L, int idx) {
+  int ok = lua_getmetatable(L, idx);
+  if (ok) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
+    ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+  }
+  if (!ok || lua_type(L, idx) != LUA_TTABLE) luaL_typeerror(L, idx, "frame");
+}
+
+/* swap(frame) -> previous frame */
+static int l_swap(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s;
+  check_frame(L, 1);
+  s = ah_slot_of(L, st);
+  lua_rawgeti(L, AH_UV_F, s);
+  ah_set_frame(L, s, 1);
+  return 1;
+}
+
+/* __close of a frame: make it current again */
+static int frame_close(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_set_frame(L, ah_slot_of(L, st), 1);
+  return 0;
+}
+
+static int l_current_frame(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_rawgeti(L, AH_UV_F, ah_slot_of(L, st));
+  return 1;
+}
+
+static int l_newtoken(lua_State *L) {
+  ah_token *t = (ah_token *)lua_newuserdatauv(L, sizeof(ah_token), 0);
+  t->magic = AH_TOKEN_MAGIC;
+  return 1;
+}
+
+/* number of live entries of a frame (tests and benchmarks) */
+static int l_frame_size(lua_State *L) {
+  lua_Integer n = 0;
+  check_frame(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    n++;
+    lua_pop(L, 1);
+  }
+  lua_pushinteger(L, n);
+  return 1;
+}
+
+const luaL_Reg ah_frame_funcs[] = {
+  {"get", l_get},
+  {"set", l_set},
+  {"enter", l_enter},
+  {"swap", l_swap},
+  {"current_frame", l_current_frame},
+  {"newtoken", l_newtoken},
+  {"frame_size", l_frame_size},
+  {NULL, NULL}
+};
+
+void ah_open_frames(lua_State *L) {
+  lua_createtable(L, 0, 3);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_pushliteral(L, "async_hooks.frame");
+  lua_setfield(L, -2, "__name");
+  ah_push_shared(L);
+  lua_pushcclosure(L, frame_close, AH_NUP);
+  lua_setfield(L, -2, "__close");
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, AH_UV_AUX, AUX_FRAME_MT);
+  lua_newtable(L);
+  lua_insert(L, -2);
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, AH_UV_AUX, AUX_EMPTY);
+}

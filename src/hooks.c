@@ -1,0 +1,308 @@
+/*
+** hooks.c - createHook's machinery: the enabled hook set, per-kind counters,
+** dispatch with deferred enable/disable, the destroy queue, and the ids and
+** GC tokens behind AsyncResource.
+**
+** The set of enabled hooks is an ordered array (AUX_ORDER).  Dispatch reads
+** per-kind arrays of functions (AUX_LISTS) that are rebuilt, never edited,
+** when the set changes; a change made while a dispatch is running marks the
+** lists dirty and the rebuild happens when the outermost dispatch ends.  A
+** dispatch that is running keeps iterating the arrays it started with.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core.h"
+
+static const char *const kind_names[AH_NKINDS + 1] = {
+  NULL, "init", "before", "after", "destroy"
+};
+
+/* --------------------------------------------------------------------- */
+/* the enabled set                                                         */
+
+static void rebuild(lua_State *L, ah_state *st) {
+  int k, i, n;
+  lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
+  n = (int)lua_rawlen(L, -1);
+  lua_createtable(L, AH_NKINDS, 0);
+  for (k = 1; k <= AH_NKINDS; k++) {
+    int c = 0;
+    lua_createtable(L, n, 0);
+    for (i = 1; i <= n; i++) {
+      lua_rawgeti(L, -3, i);
+      if (lua_getfield(L, -1, kind_names[k]) == LUA_TFUNCTION)
+        lua_rawseti(L, -3, ++c);
+      else
+        lua_pop(L, 1);
+      lua_pop(L, 1);
+    }
+    lua_rawseti(L, -2, k);
+    st->nhooks[k] = c;
+  }
+  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  lua_pop(L, 1);
+  st->dirty = 0;
+}
+
+static void changed(lua_State *L, ah_state *st) {
+  if (st->dispatching)
+    st->dirty = 1;
+  else
+    rebuild(L, st);
+}
+
+/* position of the hook at idx in AUX_ORDER (pushed on top), or 0 */
+static int find_hook(lua_State *L, int idx) {
+  int i, n;
+  lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
+  n = (int)lua_rawlen(L, -1);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    if (lua_rawequal(L, -1, idx)) {
+      lua_pop(L, 1);
+      return i;
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+static int l_hook_enable(lua_State *L) {
+  ah_state *st = ah_st(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if (!find_hook(L, 1)) {
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    changed(L, st);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_hook_disable(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int i, n;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if ((i = find_hook(L, 1)) != 0) {
+    n = (int)lua_rawlen(L, -1);
+    for (; i < n; i++) {
+      lua_rawgeti(L, -1, i + 1);
+      lua_rawseti(L, -2, i);
+    }
+    lua_pushnil(L);
+    lua_rawseti(L, -2, n);
+    changed(L, st);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_hook_counts(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int k;
+  for (k = 1; k <= AH_NKINDS; k++) lua_pushinteger(L, st->nhooks[k]);
+  return AH_NKINDS;
+}
+
+/* --------------------------------------------------------------------- */
+/* dispatch                                                                */
+
+static int fatal_msgh(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      msg = lua_tostring(L, -1);
+    else
+      msg = lua_pushfstring(L, "(error object is a %s value)",
+                            luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* call the function below nargs arguments; an error is fatal */
+static void call_hook(lua_State *L, int nargs, const char *kind) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, fatal_msgh);
+  lua_insert(L, base);
+  if (lua_pcall(L, nargs, 0, base) != LUA_OK) {
+    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n", kind,
+            lua_tostring(L, -1));
+    fflush(stderr);
+    exit(1);
+  }
+  lua_remove(L, base);
+}
+
+static int begin(lua_State *L, ah_state *st, int kind) {
+  luaL_checkstack(L, 8, "async_hooks dispatch");
+  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+  lua_rawgeti(L, -1, kind);
+  lua_remove(L, -2);
+  st->dispatching++;
+  return (int)lua_rawlen(L, -1);
+}
+
+static void end(lua_State *L, ah_state *st) {
+  lua_pop(L, 1);
+  if (--st->dispatching == 0 && st->dirty) rebuild(L, st);
+}
+
+void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
+  int i, n;
+  if (!st->nhooks[kind]) return;
+  n = begin(L, st, kind);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    lua_pushinteger(L, id);
+    call_hook(L, 1, kind_names[kind]);
+  }
+  end(L, st);
+}
+
+void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
+                  lua_Integer trigger, int res_idx) {
+  int i, n;
+  if (!st->nhooks[AH_INIT]) return;
+  res_idx = lua_absindex(L, res_idx);
+  n = begin(L, st, AH_INIT);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    lua_pushinteger(L, id);
+    lua_pushstring(L, type);
+    lua_pushinteger(L, trigger);
+    lua_pushvalue(L, res_idx);
+    call_hook(L, 4, "init");
+  }
+  end(L, st);
+}
+
+/* --------------------------------------------------------------------- */
+/* destroy queue                                                           */
+
+void ah_queue_destroy(ah_state *st, lua_Integer id) {
+  if (st->dq_n == st->dq_cap) {
+    size_t ncap = st->dq_cap ? st->dq_cap * 2 : 16;
+    lua_Integer *n = realloc(st->dq, ncap * sizeof(lua_Integer));
+    if (!n) return; /* out of memory in a finalizer: the event is lost */
+    st->dq = n;
+    st->dq_cap = ncap;
+  }
+  st->dq[st->dq_n++] = id;
+}
+
+/* deliver queued destroys, in queue order, including those queued while
+** delivering; callers make sure no callback, resume or dispatch is active */
+void ah_flush(lua_State *L, ah_state *st) {
+  size_t i;
+  st->active++; /* no nested flush from inside a destroy hook */
+  for (i = 0; i < st->dq_n; i++) {
+    if (!st->nhooks[AH_DESTROY]) break;
+    ah_emit_id(L, st, AH_DESTROY, st->dq[i]);
+  }
+  st->dq_n = 0;
+  st->active--;
+}
+
+static int l_flush(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+/* --------------------------------------------------------------------- */
+/* AsyncResource support                                                   */
+
+typedef struct ah_gctok {
+  ah_state *st;
+  lua_Integer id;
+  int done;
+} ah_gctok;
+
+/* new_ids([trigger]) -> asyncId, triggerAsyncId */
+static int l_new_ids(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer trigger;
+  if (lua_isnoneornil(L, 1))
+    trigger = st->slots[ah_slot_of(L, st)].id;
+  else
+    trigger = luaL_checkinteger(L, 1);
+  lua_pushinteger(L, st->next_id++);
+  lua_pushinteger(L, trigger);
+  return 2;
+}
+
+/* emit_init(id, type, trigger, resource) */
+static int l_emit_init(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer id = luaL_checkinteger(L, 1);
+  const char *type = luaL_checkstring(L, 2);
+  lua_Integer trigger = luaL_checkinteger(L, 3);
+  ah_emit_init(L, st, id, type, trigger, 4);
+  return 0;
+}
+
+/* emit_destroy(id): queue, and deliver now when nothing is active */
+static int l_emit_destroy(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer id = luaL_checkinteger(L, 1);
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+static int gctok_gc(lua_State *L) {
+  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
+  if (!t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
+    ah_queue_destroy(t->st, t->id);
+  t->done = 1;
+  return 0;
+}
+
+/* gc_token(id): queues destroy(id) when collected, unless cancelled */
+static int l_gc_token(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer id = luaL_checkinteger(L, 1);
+  ah_gctok *t = (ah_gctok *)lua_newuserdatauv(L, sizeof(ah_gctok), 0);
+  t->st = st;
+  t->id = id;
+  t->done = 0;
+  lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int l_gc_token_cancel(lua_State *L) {
+  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
+  int ok = lua_getmetatable(L, 1);
+  if (ok) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
+    ok = lua_rawequal(L, -1, -2);
+  }
+  luaL_argexpected(L, t && ok, 1, "gc token");
+  t->done = 1;
+  return 0;
+}
+
+const luaL_Reg ah_hook_funcs[] = {
+  {"hook_enable", l_hook_enable},
+  {"hook_disable", l_hook_disable},
+  {"hook_counts", l_hook_counts},
+  {"flush", l_flush},
+  {"new_ids", l_new_ids},
+  {"emit_init", l_emit_init},
+  {"emit_destroy", l_emit_destroy},
+  {"gc_token", l_gc_token},
+  {"gc_token_cancel", l_gc_token_cancel},
+  {NULL, NULL}
+};
+
+void ah_open_hooks(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushliteral(L, "async_hooks.gctoken");
+  lua_setfield(L, -2, "__name");
+  lua_pushcfunction(L, gctok_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_rawseti(L, AH_UV_AUX, AUX_GCTOK_MT);
+}

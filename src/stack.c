@@ -1,0 +1,386 @@
+/*
+** stack.c - the native store of execution contexts and the module entry.
+**
+** See core.h for the model.  A slot is allocated when a thread first needs a
+** context (the main thread at load time, a coroutine at create time, any
+** other thread the first time it touches the library) and released by the
+** finalizer of the thread's record, a userdata anchored by the thread itself
+** through an ephemeron table, so a slot lives exactly as long as its thread.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+static char ah_key; /* registry[&ah_key] = module table */
+
+typedef struct ah_rec {
+  ah_state *st;
+  int slot; /* -1 when not (or no longer) holding a slot */
+} ah_rec;
+
+/* --------------------------------------------------------------------- */
+/* slot allocation                                                        */
+
+static void push_free(ah_state *st, int s) {
+  if (s < AH_INLINE) {
+    st->slots[s].next_free = st->free_low;
+    st->free_low = s;
+  } else {
+    st->slots[s].next_free = st->free_high;
+    st->free_high = s;
+  }
+}
+
+static int grow(ah_state *st) {
+  int ncap = st->cap * 2, i;
+  ah_slot *n;
+  if (ncap <= st->cap || (size_t)ncap > SIZE_MAX / sizeof(ah_slot)) return 0;
+  if (st->slots == st->inline_slots) {
+    n = malloc(sizeof(ah_slot) * (size_t)ncap);
+    if (n) memcpy(n, st->inline_slots, sizeof(ah_slot) * AH_INLINE);
+  } else {
+    n = realloc(st->slots, sizeof(ah_slot) * (size_t)ncap);
+  }
+  if (!n) return 0;
+  memset(n + st->cap, 0, sizeof(ah_slot) * (size_t)(ncap - st->cap));
+  st->slots = n;
+  for (i = ncap - 1; i >= st->cap; i--) push_free(st, i);
+  st->cap = ncap;
+  return 1;
+}
+
+static int alloc_slot(ah_state *st) {
+  int s;
+  if (st->free_low < 0 && st->free_high < 0 && !grow(st)) return -1;
+  if (st->free_low >= 0) {
+    s = st->free_low;
+    st->free_low = st->slots[s].next_free;
+  } else {
+    s = st->free_high;
+    st->free_high = st->slots[s].next_free;
+    st->used_high++;
+  }
+  st->slots[s].L = NULL;
+  return s;
+}
+
+/* back to the inline array once no heap slot is in use and load is low */
+static void maybe_shrink(ah_state *st) {
+  int i, used = 0;
+  if (st->used_high || st->slots == st->inline_slots) return;
+  for (i = 0; i < AH_INLINE; i++) used += st->slots[i].L != NULL;
+  if (used > AH_INLINE / 2) return;
+  memcpy(st->inline_slots, st->slots, sizeof(ah_slot) * AH_INLINE);
+  free(st->slots);
+  st->slots = st->inline_slots;
+  st->cap = AH_INLINE;
+  st->free_high = -1;
+}
+
+static void free_slot(ah_state *st, int s) {
+  st->slots[s].L = NULL;
+  push_free(st, s);
+  if (s >= AH_INLINE) {
+    st->used_high--;
+    maybe_shrink(st);
+  }
+}
+
+/* --------------------------------------------------------------------- */
+/* thread records                                                         */
+
+/* __gc of a thread record: the thread is gone.  Queue its destroy (a
+** coroutine collected while suspended) and give the slot back. */
+static int rec_gc(lua_State *L) {
+  ah_rec *rec = (ah_rec *)lua_touserdata(L, 1);
+  ah_state *st = rec->st;
+  int s = rec->slot;
+  if (s < 0 || st->closed) return 0;
+  rec->slot = -1;
+  if (!st->slots[s].destroyed && st->slots[s].kind != AH_KMAIN) {
+    st->slots[s].destroyed = 1;
+    if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
+  }
+  lua_pushnil(L);
+  lua_rawseti(L, AH_UV_F, s);
+  lua_pushnil(L);
+  lua_rawseti(L, AH_UV_R, s);
+  free_slot(st, s);
+  return 0;
+}
+
+int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
+                lua_Integer trigger, int kind) {
+  lua_State *co;
+  ah_rec *rec;
+  ah_slot *sl;
+  int s;
+  thread_idx = lua_absindex(L, thread_idx);
+  frame_idx = lua_absindex(L, frame_idx);
+  co = lua_tothread(L, thread_idx);
+  rec = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), 2);
+  rec->st = st;
+  rec->slot = -1;
+  lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, frame_idx);
+  lua_setiuservalue(L, -2, 1);
+  lua_pushvalue(L, thread_idx);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, AH_UV_T); /* T[co] = rec */
+  s = alloc_slot(st);
+  if (s < 0) luaL_error(L, "not enough memory for a context slot");
+  rec->slot = s; /* from now on the finalizer owns the slot */
+  lua_pushvalue(L, frame_idx);
+  lua_rawseti(L, AH_UV_F, s); /* may allocate (and run finalizers) */
+  lua_pop(L, 1);
+  sl = &st->slots[s];
+  sl->L = co;
+  sl->kind = (unsigned char)kind;
+  sl->destroyed = 0;
+  sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
+  sl->base_trigger = sl->trigger = trigger;
+  ah_extra(co) = (uintptr_t)s;
+  return s;
+}
+
+/* A thread that never got a slot: a coroutine created behind the library's
+** back (before install(), or by C code).  It gets an empty frame and a
+** fresh asyncId the first time it touches the library. */
+int ah_slot_slow(lua_State *L, ah_state *st) {
+  int s;
+  lua_pushthread(L);
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
+  lua_pop(L, 2);
+  return s;
+}
+
+/* store the value at idx as F[s] (uvidx AH_UV_F, user value 1 of the
+** record) or R[s] (AH_UV_R, user value 2) of the thread at thread_idx */
+static void store(lua_State *L, int uvidx, int uv, int s, int thread_idx,
+                  int idx) {
+  idx = lua_absindex(L, idx);
+  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, uvidx, s);
+  if (thread_idx)
+    lua_pushvalue(L, thread_idx);
+  else
+    lua_pushthread(L);
+  lua_rawget(L, AH_UV_T);
+  lua_pushvalue(L, idx);
+  lua_setiuservalue(L, -2, uv);
+  lua_pop(L, 1);
+}
+
+/* make the value at idx the current frame of L (whose slot is s) */
+void ah_set_frame(lua_State *L, int s, int idx) {
+  store(L, AH_UV_F, 1, s, 0, idx);
+}
+
+/* make the value at idx (possibly nil) the current resource of L */
+void ah_set_resource(lua_State *L, int s, int idx) {
+  store(L, AH_UV_R, 2, s, 0, idx);
+}
+
+/* push the current resource of the thread at thread_idx (slot s),
+** materializing a thread's own resource table ({thread = co}) the first
+** time it is asked for */
+void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
+  if (lua_rawgeti(L, AH_UV_R, s) != LUA_TNIL) return;
+  lua_pop(L, 1);
+  if (st->slots[s].kind == AH_KMAIN) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_TOP);
+    return;
+  }
+  thread_idx = lua_absindex(L, thread_idx);
+  lua_createtable(L, 0, 1);
+  lua_pushvalue(L, thread_idx);
+  lua_setfield(L, -2, "thread");
+  store(L, AH_UV_R, 2, s, thread_idx, -1);
+}
+
+void ah_push_resource(lua_State *L, ah_state *st, int s) {
+  lua_pushthread(L);
+  ah_push_resource_of(L, st, s, -1);
+  lua_remove(L, -2);
+}
+
+void ah_push_shared(lua_State *L) {
+  int i;
+  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+}
+
+/* --------------------------------------------------------------------- */
+/* ids                                                                     */
+
+static int l_execution_id(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_pushinteger(L, st->slots[ah_slot_of(L, st)].id);
+  return 1;
+}
+
+static int l_trigger_id(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_pushinteger(L, st->slots[ah_slot_of(L, st)].trigger);
+  return 1;
+}
+
+static int l_execution_resource(lua_State *L) {
+  ah_state *st = ah_st(L);
+  st->res_on = 1;
+  ah_push_resource(L, st, ah_slot_of(L, st));
+  return 1;
+}
+
+/* introspection for tests and benchmarks */
+static int l_stats(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int i, used = 0;
+  for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, used);
+  lua_setfield(L, -2, "slots");
+  lua_pushinteger(L, st->cap);
+  lua_setfield(L, -2, "capacity");
+  lua_pushboolean(L, st->slots == st->inline_slots);
+  lua_setfield(L, -2, "inline");
+  lua_pushinteger(L, st->active);
+  lua_setfield(L, -2, "active");
+  lua_pushinteger(L, (lua_Integer)st->dq_n);
+  lua_setfield(L, -2, "queued_destroys");
+  lua_pushinteger(L, st->dispatching);
+  lua_setfield(L, -2, "dispatching");
+  lua_pushinteger(L, st->next_id);
+  lua_setfield(L, -2, "next_id");
+  return 1;
+}
+
+static int l_persist(lua_State *L) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PERSIST);
+  return 1;
+}
+
+const luaL_Reg ah_slot_funcs[] = {
+  {"executionAsyncId", l_execution_id},
+  {"triggerAsyncId", l_trigger_id},
+  {"executionAsyncResource", l_execution_resource},
+  {"stats", l_stats},
+  {"persist", l_persist},
+  {NULL, NULL}
+};
+
+/* --------------------------------------------------------------------- */
+/* module                                                                  */
+
+static int state_gc(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, 1);
+  st->closed = 1;
+  if (st->slots != st->inline_slots) free(st->slots);
+  st->slots = st->inline_slots;
+  st->cap = AH_INLINE;
+  free(st->dq);
+  st->dq = NULL;
+  st->dq_n = st->dq_cap = 0;
+  return 0;
+}
+
+static void new_metatable(lua_State *L, const char *name, lua_CFunction gc,
+                          int aux_key) {
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  if (gc) {
+    ah_push_shared(L);
+    lua_pushcclosure(L, gc, AH_NUP);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_rawseti(L, AH_UV_AUX, aux_key);
+}
+
+static void add_funcs(lua_State *L, const luaL_Reg *l) {
+  ah_push_shared(L);
+  luaL_setfuncs(L, l, AH_NUP);
+}
+
+/* Build everything inside a closure so that helper code can use the
+** AH_UV_* indices. */
+static int build(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int i;
+  lua_State *mainL;
+  st->slots = st->inline_slots;
+  st->cap = AH_INLINE;
+  st->free_low = st->free_high = -1;
+  for (i = AH_INLINE - 1; i >= 0; i--) push_free(st, i);
+  st->next_id = 2;
+
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  mainL = lua_tothread(L, -1);
+  st->mainL = mainL;
+
+  new_metatable(L, "async_hooks.record", rec_gc, AUX_REC_MT);
+  lua_newtable(L);
+  lua_rawseti(L, AH_UV_AUX, AUX_TOP);
+  lua_newtable(L);
+  lua_rawseti(L, AH_UV_AUX, AUX_ORDER);
+  lua_createtable(L, AH_NKINDS, 0);
+  for (i = 1; i <= AH_NKINDS; i++) {
+    lua_newtable(L);
+    lua_rawseti(L, -2, i);
+  }
+  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  lua_newtable(L);
+  lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
+  ah_open_frames(L); /* sets AUX_FRAME_MT and AUX_EMPTY */
+  ah_open_hooks(L);
+  ah_open_scope(L);
+
+  /* the main thread: slot 0, asyncId 1, triggerAsyncId 0 */
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  ah_register(L, st, -2, -1, 0, AH_KMAIN);
+  lua_pop(L, 1);
+  lua_rawget(L, AH_UV_T); /* keep main's record strongly too */
+  lua_rawseti(L, AH_UV_AUX, AUX_MAINREC);
+
+  lua_newtable(L);
+  add_funcs(L, ah_slot_funcs);
+  add_funcs(L, ah_frame_funcs);
+  add_funcs(L, ah_hook_funcs);
+  add_funcs(L, ah_scope_funcs);
+  ah_open_coro(L); /* adds the coroutine functions to the module */
+  add_funcs(L, ah_luv_funcs);
+  return 1;
+}
+
+static void weak_table(lua_State *L, const char *mode) {
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushstring(L, mode);
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+}
+
+LUAMOD_API int luaopen_async_hooks_core(lua_State *L) {
+  ah_state *st;
+  /* idempotent: busted re-runs luaopen_* in the same state */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_key) == LUA_TTABLE) return 1;
+  lua_pop(L, 1);
+  st = (ah_state *)lua_newuserdatauv(L, sizeof(ah_state), 0);
+  memset(st, 0, sizeof *st);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, state_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  weak_table(L, "v"); /* F */
+  weak_table(L, "v"); /* R */
+  weak_table(L, "k"); /* T */
+  lua_createtable(L, AUX_N, 0);
+  lua_pushcclosure(L, build, AH_NUP);
+  lua_call(L, 0, 1);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_key);
+  return 1;
+}
