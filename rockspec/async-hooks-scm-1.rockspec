@@ -26,7 +26,6 @@ build = {
     LUADIR = "$(LUADIR)",
     CMAKE_C_FLAGS = "$(CFLAGS)",
     CMAKE_MODULE_LINKER_FLAGS = "$(LIBFLAG)",
-    AH_SANITIZE = "$(AH_SANITIZE)",
   },
 }
 test = {

@@ -1,0 +1,43 @@
+# Short commands.  Everything installs through the rockspec, the way users do.
+LUA      ?= lua5.4
+LUAROCKS ?= luarocks --lua-version=5.4
+BUSTED   ?= $(LUA) /usr/bin/busted
+ROCKSPEC := rockspec/async-hooks-scm-1.rockspec
+TREE     ?= $(CURDIR)/.tree
+ASANTREE ?= $(CURDIR)/.tree-asan
+PATHS     = eval "$$($(LUAROCKS) --tree $(1) path)"
+SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_RT  := $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
+ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+            LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+.PHONY: all build test asan demo bench clean deps
+
+all: build
+
+deps:
+	sudo -n true 2>/dev/null && SUDO=sudo || SUDO=; \
+	$$SUDO apt-get install -y lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks cmake wrk
+
+build:
+	rm -rf build.luarocks
+	$(LUAROCKS) --tree $(TREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
+
+test: build
+	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
+
+asan:
+	rm -rf build.luarocks
+	$(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
+	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
+	$(call PATHS,$(ASANTREE)) && $(ASAN_ENV) AH_ASAN=1 $(BUSTED) $(BUSTED_ARGS)
+
+demo: build
+	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua
+
+bench: build
+	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
+
+clean:
+	rm -rf build build.luarocks $(TREE) $(ASANTREE)

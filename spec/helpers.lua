@@ -1,0 +1,48 @@
+-- Shared helpers for the specs.
+local H = {}
+
+--- Run a Lua snippet in a fresh lua5.4 process with the same module paths.
+-- @return exit status, stdout, stderr
+function H.run_lua(code)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(code)
+  f:close()
+  local out, err = path .. ".out", path .. ".err"
+  local cmd = ("lua5.4 %s >%s 2>%s"):format(path, out, err)
+  local ok, how, status = os.execute(cmd)
+  local function slurp(p)
+    local h = io.open(p)
+    local s = h and h:read("a") or ""
+    if h then h:close() end
+    os.remove(p)
+    return s
+  end
+  os.remove(path)
+  local code_ = (how == "exit") and status or -1
+  return code_, slurp(out), slurp(err), ok
+end
+
+--- A hook that records events as strings in `log`.
+function H.recorder(ah, filter)
+  local log = {}
+  local function keep(id) return filter == nil or filter[id] end
+  local hook = ah.createHook {
+    init = function(id, type, trigger, resource)
+      if filter then filter[id] = filter[id] or filter.all end
+      if keep(id) then log[#log + 1] = ("init %d %s %d"):format(id, type, trigger) end
+    end,
+    before = function(id) if keep(id) then log[#log + 1] = "before " .. id end end,
+    after = function(id) if keep(id) then log[#log + 1] = "after " .. id end end,
+    destroy = function(id) if keep(id) then log[#log + 1] = "destroy " .. id end end,
+  }
+  return hook, log
+end
+
+--- Full garbage collection, twice (finalizers, then what they freed).
+function H.gc()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+return H
