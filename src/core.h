@@ -68,6 +68,7 @@ typedef struct ah_state {
   int cap;       /* slots in use by the array (AH_INLINE when inline) */
   int free_low;  /* free list of slots < AH_INLINE */
   int free_high; /* free list of slots >= AH_INLINE */
+  int used_low;  /* slots < AH_INLINE in use */
   int used_high; /* slots >= AH_INLINE in use */
   int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
   int dispatching;           /* depth of hook dispatch */

@@ -56,6 +56,7 @@ static int alloc_slot(ah_state *st) {
   if (st->free_low >= 0) {
     s = st->free_low;
     st->free_low = st->slots[s].next_free;
+    st->used_low++;
   } else {
     s = st->free_high;
     st->free_high = st->slots[s].next_free;
@@ -67,10 +68,9 @@ static int alloc_slot(ah_state *st) {
 
 /* back to the inline array once no heap slot is in use and load is low */
 static void maybe_shrink(ah_state *st) {
-  int i, used = 0;
-  if (st->used_high || st->slots == st->inline_slots) return;
-  for (i = 0; i < AH_INLINE; i++) used += st->slots[i].L != NULL;
-  if (used > AH_INLINE / 2) return;
+  if (st->used_high || st->used_low > AH_INLINE / 2 ||
+      st->slots == st->inline_slots)
+    return;
   memcpy(st->inline_slots, st->slots, sizeof(ah_slot) * AH_INLINE);
   free(st->slots);
   st->slots = st->inline_slots;
@@ -81,10 +81,11 @@ static void maybe_shrink(ah_state *st) {
 static void free_slot(ah_state *st, int s) {
   st->slots[s].L = NULL;
   push_free(st, s);
-  if (s >= AH_INLINE) {
+  if (s >= AH_INLINE)
     st->used_high--;
-    maybe_shrink(st);
-  }
+  else
+    st->used_low--;
+  maybe_shrink(st);
 }
 
 /* --------------------------------------------------------------------- */
