@@ -117,6 +117,9 @@ void ah_open_hooks(lua_State *L);
 extern const luaL_Reg ah_hook_funcs[];
 
 /* scope.c */
+void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
+                lua_Integer trigger, int res_idx);
+void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx);
 void ah_open_scope(lua_State *L);
 extern const luaL_Reg ah_scope_funcs[];
 

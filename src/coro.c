@@ -65,24 +65,19 @@ static int suspended(lua_State *co) {
   }
 }
 
-/* emit before/after for the coroutine in slot cs, in its context */
+/* emit before/after for the coroutine in slot cs, in its context, and for
+** the scopes open inside it */
 static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
                        int co_idx) {
-  int s = ah_slot_of(L, st);
-  lua_Integer id = st->slots[s].id, trigger = st->slots[s].trigger;
-  if (!st->nhooks[kind]) return;
-  luaL_checkstack(L, 4, "async_hooks");
-  lua_rawgeti(L, AH_UV_R, s); /* resumer's resource, restored below */
-  ah_push_resource_of(L, st, cs, co_idx);
-  ah_set_resource(L, s, -1);
-  lua_pop(L, 1);
-  st->slots[s].id = st->slots[cs].base_id;
-  st->slots[s].trigger = st->slots[cs].base_trigger;
-  ah_emit_id(L, st, kind, st->slots[cs].base_id);
-  st->slots[s].id = id;
-  st->slots[s].trigger = trigger;
-  ah_set_resource(L, s, -1);
-  lua_pop(L, 1);
+  int scopes = st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER];
+  if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
+  if (st->nhooks[kind]) {
+    ah_push_resource_of(L, st, cs, co_idx);
+    ah_emit_as(L, st, kind, st->slots[cs].base_id, st->slots[cs].base_trigger,
+               -1);
+    lua_pop(L, 1);
+  }
+  if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
 }
 
 /* the coroutine in slot cs is finished: destroy it once */

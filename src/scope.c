@@ -9,14 +9,29 @@
 ** untouched, no pcall involved) and, inside a coroutine, when the coroutine
 ** is closed; the scope spans yields because it lives in the coroutine's own
 ** stack.  Scopes entered from Lua nest without C-stack limits.
+**
+** Inside a coroutine the open guards form a chain (record user value 3,
+** guard user value 3), so that when hooks are enabled a yield can emit
+** `after` for every open scope (innermost first) and the next resume
+** `before` again (outermost first): before/after stay properly nested even
+** though a scope spans the yield.
 */
 #include "core.h"
 
 typedef struct ah_guard {
-  lua_Integer id, prev_id, prev_trigger;
+  lua_Integer id, trigger, prev_id, prev_trigger;
   int on_main;
   int closed;
+  int out; /* its `after` was emitted when the coroutine yielded/failed */
 } ah_guard;
+
+/* guard user values */
+enum { G_PREV_RES = 1, G_PREV_FRAME, G_PREV_GUARD, G_RES, G_NUV = G_RES };
+
+static void push_rec(lua_State *L) {
+  lua_pushthread(L);
+  lua_rawget(L, AH_UV_T);
+}
 
 static int l_enter_scope(lua_State *L) {
   ah_state *st = ah_st(L);
@@ -28,18 +43,29 @@ static int l_enter_scope(lua_State *L) {
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_settop(L, 4);
   s = ah_slot_of(L, st);
-  g = (ah_guard *)lua_newuserdatauv(L, sizeof(ah_guard), 2); /* 5 */
+  g = (ah_guard *)lua_newuserdatauv(L, sizeof(ah_guard), G_NUV); /* 5 */
   g->id = id;
+  g->trigger = trigger;
   g->prev_id = st->slots[s].id;
   g->prev_trigger = st->slots[s].trigger;
   g->on_main = L == st->mainL;
-  g->closed = 0;
+  g->closed = g->out = 0;
   lua_rawgeti(L, AH_UV_AUX, AUX_GUARD_MT);
   lua_setmetatable(L, 5);
   lua_rawgeti(L, AH_UV_R, s);
-  lua_setiuservalue(L, 5, 1);
+  lua_setiuservalue(L, 5, G_PREV_RES);
   lua_rawgeti(L, AH_UV_F, s);
-  lua_setiuservalue(L, 5, 2);
+  lua_setiuservalue(L, 5, G_PREV_FRAME);
+  lua_pushvalue(L, 3);
+  lua_setiuservalue(L, 5, G_RES);
+  if (!g->on_main) { /* link into the coroutine's chain */
+    push_rec(L); /* 6 */
+    lua_getiuservalue(L, 6, 3);
+    lua_setiuservalue(L, 5, G_PREV_GUARD);
+    lua_pushvalue(L, 5);
+    lua_setiuservalue(L, 6, 3);
+    lua_pop(L, 1);
+  }
   /* nothing below can fail: switch */
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
@@ -56,20 +82,81 @@ static int guard_close(lua_State *L) {
   int s;
   if (g->closed) return 0;
   g->closed = 1;
-  ah_emit_id(L, st, AH_AFTER, g->id);
+  if (!g->out) ah_emit_id(L, st, AH_AFTER, g->id);
   s = ah_slot_of(L, st);
   st->slots[s].id = g->prev_id;
   st->slots[s].trigger = g->prev_trigger;
-  lua_getiuservalue(L, 1, 1);
+  lua_getiuservalue(L, 1, G_PREV_RES);
   ah_set_resource(L, s, -1);
-  lua_getiuservalue(L, 1, 2);
+  lua_getiuservalue(L, 1, G_PREV_FRAME);
   ah_set_frame(L, s, -1);
   lua_pop(L, 2);
   if (g->on_main) {
     st->active--;
     ah_flush_maybe(L, st);
+  } else { /* unlink */
+    push_rec(L);
+    lua_getiuservalue(L, 1, G_PREV_GUARD);
+    lua_setiuservalue(L, -2, 3);
+    lua_pop(L, 1);
   }
   return 0;
+}
+
+/* emit a hook of `kind` for id as if running in (id, trigger, resource):
+** the current thread's ids and resource are switched around the dispatch */
+void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
+                lua_Integer trigger, int res_idx) {
+  int s;
+  lua_Integer pid, ptrig;
+  if (!st->nhooks[kind]) return;
+  res_idx = lua_absindex(L, res_idx);
+  luaL_checkstack(L, 4, "async_hooks");
+  s = ah_slot_of(L, st);
+  pid = st->slots[s].id;
+  ptrig = st->slots[s].trigger;
+  lua_rawgeti(L, AH_UV_R, s);
+  ah_set_resource(L, s, res_idx);
+  st->slots[s].id = id;
+  st->slots[s].trigger = trigger;
+  ah_emit_id(L, st, kind, id);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  ah_set_resource(L, s, -1);
+  lua_pop(L, 1);
+}
+
+/* The coroutine at co_idx starts (AH_BEFORE) or ends (AH_AFTER) a resume
+** slice: emit for its open scopes, outermost first for before, innermost
+** first for after. */
+void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
+  int n = 0, i, base;
+  co_idx = lua_absindex(L, co_idx);
+  lua_pushvalue(L, co_idx);
+  lua_rawget(L, AH_UV_T);
+  if (lua_type(L, -1) != LUA_TUSERDATA) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_getiuservalue(L, -1, 3);
+  lua_remove(L, -2);
+  base = lua_gettop(L); /* innermost guard; outermost at base + n - 1 */
+  while (lua_type(L, -1) == LUA_TUSERDATA) {
+    n++;
+    luaL_checkstack(L, 4, "async_hooks: too many open scopes");
+    lua_getiuservalue(L, -1, G_PREV_GUARD);
+  }
+  lua_pop(L, 1);
+  for (i = 0; i < n; i++) {
+    int idx = kind == AH_BEFORE ? base + n - 1 - i : base + i;
+    ah_guard *g = (ah_guard *)lua_touserdata(L, idx);
+    if (g->closed || (kind == AH_BEFORE ? !g->out : g->out)) continue;
+    g->out = kind == AH_AFTER;
+    lua_getiuservalue(L, idx, G_RES);
+    ah_emit_as(L, st, kind, g->id, g->trigger, -1);
+    lua_pop(L, 1);
+  }
+  lua_settop(L, base - 1);
 }
 
 const luaL_Reg ah_scope_funcs[] = {

@@ -120,7 +120,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   thread_idx = lua_absindex(L, thread_idx);
   frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
-  rec = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), 2);
+  rec = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), 3);
   rec->st = st;
   rec->slot = -1;
   lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
@@ -157,6 +157,9 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
   lua_pop(L, 2);
   return s;
 }
+
+/* Thread records hold, as user values: 1 the current frame, 2 the current
+** resource, 3 the innermost open scope guard (coroutines only). */
 
 /* store the value at idx as F[s] (uvidx AH_UV_F, user value 1 of the
 ** record) or R[s] (AH_UV_R, user value 2) of the thread at thread_idx */

@@ -1,0 +1,338 @@
+local ah = require("async_hooks")
+local H = require("helpers")
+local co = ah.coroutine
+local AsyncResource = ah.AsyncResource
+
+-- a trivial resume: a flush point for queued destroys
+local function boundary() co.wrap(function() end)() end
+
+-- per-id invariants: init at most once and first, before/after balanced
+-- and nested, destroy at most once and after the last after
+local function check_invariants(log)
+  local state = {}
+  local stack = {}
+  for _, line in ipairs(log) do
+    local ev, id = line:match("^(%a+) (%d+)")
+    id = tonumber(id)
+    local s = state[id] or { init = 0, open = 0, destroyed = false }
+    state[id] = s
+    assert.is_false(s.destroyed, "event after destroy: " .. line)
+    if ev == "init" then
+      assert.equal(0, s.init, "init twice: " .. id)
+      s.init = 1
+    elseif ev == "before" then
+      s.open = s.open + 1
+      stack[#stack + 1] = id
+    elseif ev == "after" then
+      assert.is_true(s.open > 0, "after without before: " .. id)
+      s.open = s.open - 1
+      assert.equal(id, stack[#stack], "after out of order")
+      stack[#stack] = nil
+    elseif ev == "destroy" then
+      assert.equal(0, s.open, "destroy inside a scope: " .. id)
+      s.destroyed = true
+    end
+  end
+  return state
+end
+
+describe("createHook", function()
+  local hooks = {}
+  local function track(h) hooks[#hooks + 1] = h; return h end
+  after_each(function()
+    for _, h in ipairs(hooks) do h:disable() end
+    hooks = {}
+  end)
+
+  it("validates its callbacks", function()
+    assert.error_matches(function() ah.createHook { init = 1 } end, "hook.init must be a function")
+    assert.error_matches(function() ah.createHook { before = "x" } end, "hook.before must be a function")
+    assert.error_matches(function() ah.createHook { after = {} } end, "hook.after must be a function")
+    assert.error_matches(function() ah.createHook { destroy = true } end, "hook.destroy must be a function")
+    assert.error_matches(function() ah.createHook(nil) end, "bad argument #1 to 'createHook' %(table expected")
+    assert.same({ 0, 0, 0, 0 }, { ah.core.hook_counts() })
+    local h = ah.createHook {}
+    assert.error_matches(function() h.enable({}) end, "bad self")
+  end)
+
+  it("is off until enabled; enable/disable return the hook and are idempotent", function()
+    local n = 0
+    local h = track(ah.createHook { init = function() n = n + 1 end })
+    boundary()
+    assert.equal(0, n)
+    assert.equal(h, h:enable())
+    assert.equal(h, h:enable())
+    assert.same({ 1, 0, 0, 0 }, { ah.core.hook_counts() })
+    boundary()
+    assert.equal(1, n)
+    assert.equal(h, h:disable())
+    assert.equal(h, h:disable())
+    assert.same({ 0, 0, 0, 0 }, { ah.core.hook_counts() })
+    boundary()
+    assert.equal(1, n)
+  end)
+
+  it("coroutines: init at create, before/after per resume slice, destroy at the end", function()
+    local seen = {}
+    local h, log = H.recorder(ah, seen)
+    seen.all = true
+    track(h):enable()
+    local outer = ah.executionAsyncId()
+    local c = co.create(function() co.yield(); co.yield() end)
+    local id
+    for k in pairs(seen) do if k ~= "all" then id = k end end
+    seen.all = false
+    co.resume(c)
+    co.resume(c)
+    co.resume(c)
+    co.resume(c) -- dead: no events
+    assert.same({
+      ("init %d coroutine %d"):format(id, outer),
+      "before " .. id, "after " .. id,
+      "before " .. id, "after " .. id,
+      "before " .. id, "after " .. id,
+      "destroy " .. id,
+    }, log)
+  end)
+
+  it("coroutines: destroy on error, on close, and on collection while suspended", function()
+    local log = {}
+    track(ah.createHook { destroy = function(id) log[#log + 1] = id end }):enable()
+    local e = co.create(function() error("x") end)
+    local eid = co.wrap(function() return ah.executionAsyncId() end)
+    co.resume(e)
+    local closed = co.create(function() co.yield() end)
+    co.resume(closed)
+    co.close(closed)
+    local n = #log
+    assert.equal(2, n)
+    do
+      local lost = co.create(function() co.yield() end)
+      co.resume(lost)
+    end
+    H.gc()
+    assert.equal(n, #log, "never delivered inside __gc")
+    boundary()
+    assert.equal(n + 2, #log) -- the collected one, and boundary()'s own
+    assert.is_number(eid())
+  end)
+
+  it("before/after see the coroutine's id and resource", function()
+    local inits, checks = {}, {}
+    track(ah.createHook {
+      init = function(id, _, _, res) inits[id] = res end,
+      before = function(id)
+        checks[#checks + 1] = (ah.executionAsyncId() == id) and (ah.executionAsyncResource() == inits[id])
+      end,
+      after = function(id)
+        checks[#checks + 1] = (ah.executionAsyncId() == id) and (ah.executionAsyncResource() == inits[id])
+      end,
+    }):enable()
+    local c = co.create(function()
+      local r = ah.executionAsyncResource()
+      co.yield(r)
+    end)
+    local _, r = co.resume(c)
+    co.resume(c)
+    assert.equal(c, r.thread)
+    assert.same({ true, true, true, true }, checks)
+  end)
+
+  -- test-enable-in-init / test-async-hooks-enable-recursive
+  it("a hook enabled inside init sees neither that init nor inits nested in it", function()
+    local nested_inits = 0
+    local nested = track(ah.createHook { init = function() nested_inits = nested_inits + 1 end })
+    local outer_inits, nested_call = 0, false
+    track(ah.createHook {
+      init = function()
+        outer_inits = outer_inits + 1
+        nested:enable()
+        if not nested_call then
+          nested_call = true
+          co.create(function() end)
+        end
+      end,
+    }):enable()
+    co.create(function() end)
+    assert.equal(2, outer_inits)
+    assert.equal(0, nested_inits)
+    co.create(function() end) -- after the dispatch: now it is enabled
+    assert.equal(1, nested_inits)
+  end)
+
+  -- test-disable-in-init
+  it("a hook disabled inside init still receives that init and nested ones", function()
+    local nested_inits = 0
+    local nested
+    local nested_call = false
+    track(ah.createHook {
+      init = function()
+        nested:disable()
+        if not nested_call then
+          nested_call = true
+          co.create(function() end)
+        end
+      end,
+    }):enable()
+    nested = track(ah.createHook { init = function() nested_inits = nested_inits + 1 end }):enable()
+    co.create(function() end)
+    assert.equal(2, nested_inits)
+    co.create(function() end)
+    assert.equal(2, nested_inits)
+  end)
+
+  -- test-enable-disable
+  it("enable/disable inside before/after take effect at once", function()
+    local logs = { {}, {}, {} }
+    local hooks3 = {}
+    local function mk(i, extra)
+      local function rec(ev) return function(id) table.insert(logs[i], ev .. " " .. id) end end
+      local t = { init = function(id) table.insert(logs[i], "init " .. id) end,
+        before = rec("before"), after = rec("after"), destroy = rec("destroy") }
+      for k, f in pairs(extra or {}) do
+        local base = t[k]
+        t[k] = function(id) base(id); f(id) end
+      end
+      hooks3[i] = track(ah.createHook(t))
+    end
+    local enabled2, disabled1, count = false, false, 2
+    mk(1)
+    mk(2, { before = function() if not disabled1 then disabled1 = true; hooks3[1]:disable() end end })
+    mk(3, {
+      before = function() if not enabled2 then enabled2 = true; hooks3[2]:enable() end end,
+      after = function() count = count - 1; if count == 0 then hooks3[3]:disable() end end,
+    })
+    hooks3[1]:enable()
+    hooks3[3]:enable()
+    local r1 = AsyncResource.new("Immediate")
+    local r2
+    r1:runInAsyncScope(function()
+      r2 = AsyncResource.new("Immediate")
+    end)
+    r1:emitDestroy()
+    r2:runInAsyncScope(function() end)
+    r2:emitDestroy()
+    local a, b = r1:asyncId(), r2:asyncId()
+    local function L(...) local t = {}; for i, f in ipairs({ ... }) do t[i] = f:gsub("A", a):gsub("B", b) end; return t end
+    assert.same(L("init A", "before A", "init B", "after A", "destroy A", "before B"), logs[1])
+    -- hook2 was enabled during hook3's first before: misses init and before of A
+    assert.same(L("init B", "after A", "destroy A", "before B", "after B", "destroy B"), logs[2])
+    -- hook3 disabled itself in its second after: no destroy of B
+    assert.same(L("init A", "before A", "init B", "after A", "destroy A", "before B", "after B"), logs[3])
+  end)
+
+  -- test-async-hooks-late-hook-enable
+  it("a hook enabled inside an ordinary callback gets its after without its before", function()
+    local r = AsyncResource.new("late")
+    local log = {}
+    local h = track(ah.createHook {
+      before = function(id) log[#log + 1] = "before " .. id end,
+      after = function(id) log[#log + 1] = "after " .. id end,
+      destroy = function(id) log[#log + 1] = "destroy " .. id end,
+    })
+    r:runInAsyncScope(function() h:enable() end)
+    r:emitDestroy()
+    assert.same({ "after " .. r:asyncId(), "destroy " .. r:asyncId() }, log)
+  end)
+
+  it("enable/disable inside init of the same hook is deferred", function()
+    local n = 0
+    local h
+    h = track(ah.createHook { init = function() n = n + 1; h:disable() end }):enable()
+    co.create(function() end)
+    co.create(function() end)
+    assert.equal(1, n)
+  end)
+
+  -- test-async-hooks-close-during-destroy
+  it("destroys queued while running a destroy hook are delivered too", function()
+    local ids, count = {}, 0
+    local res2
+    track(ah.createHook {
+      init = function(id, type) if type == "foobar" then ids[id] = true end end,
+      destroy = function(id)
+        if not ids[id] then return end
+        count = count + 1
+        if count == 1 then res2:emitDestroy() end
+      end,
+    }):enable()
+    local res1 = AsyncResource.new("foobar")
+    res2 = AsyncResource.new("foobar")
+    res1:emitDestroy()
+    boundary()
+    assert.equal(2, count)
+  end)
+
+  it("destroy is never delivered inside another hook", function()
+    local in_hook, violations, destroyed = false, 0, {}
+    local function enter(f) return function(...) in_hook = true; f(...); in_hook = false end end
+    track(ah.createHook {
+      init = enter(function(_, type)
+        if type ~= "outer" then return end
+        -- a coroutine that runs to completion inside init
+        co.wrap(function() end)()
+        AsyncResource.new("inner"):emitDestroy()
+      end),
+      destroy = function(id)
+        if in_hook then violations = violations + 1 end
+        destroyed[#destroyed + 1] = id
+      end,
+    }):enable()
+    AsyncResource.new("outer")
+    boundary()
+    assert.equal(0, violations)
+    assert.is_true(#destroyed >= 2)
+  end)
+
+  it("keeps the per-id invariants through a mixed program", function()
+    local h, log = H.recorder(ah)
+    track(h):enable()
+    local v = ah.AsyncLocal.new()
+    local cs = {}
+    for i = 1, 20 do
+      cs[i] = co.create(function()
+        local r = AsyncResource.new("R")
+        r:runInAsyncScope(function()
+          v:run(i, function() co.yield() end)
+        end)
+        if i % 3 == 0 then error("e") end
+        co.yield()
+        r:emitDestroy()
+      end)
+    end
+    for round = 1, 3 do
+      for i = 1, 20 do
+        if round == 2 and i % 5 == 0 then co.close(cs[i]) else co.resume(cs[i]) end
+      end
+    end
+    cs = nil
+    H.gc()
+    boundary()
+    local state = check_invariants(log)
+    local n = 0
+    for _, s in pairs(state) do
+      if s.init == 1 then n = n + 1 end
+    end
+    assert.is_true(n >= 40)
+  end)
+end)
+
+describe("fatal hook errors", function()
+  for _, kind in ipairs { "init", "before", "after", "destroy" } do
+    it("an error in " .. kind .. " prints it with a traceback and exits with status 1", function()
+      local code, out, err = H.run_lua(([[
+        local ah = require("async_hooks")
+        ah.createHook { %s = function() error("hook exploded") end }:enable()
+        local c = ah.coroutine.create(function() end)
+        ah.coroutine.resume(c)
+        ah.coroutine.wrap(function() end)()
+        print("not reached")
+      ]]):format(kind))
+      assert.equal(1, code)
+      assert.equal("", out)
+      assert.matches("hook exploded", err)
+      assert.matches("stack traceback", err)
+      assert.matches(kind, err)
+    end)
+  end
+end)
