@@ -218,14 +218,39 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       end)
     end
     for i = 1, 10000 do assert.equal(i, cs[i]()) end
-    for i = 10000, 1, -1 do assert.equal(i, cs[i]()) end
     local grown = ah.core.stats()
     assert.is_false(grown.inline)
-    cs = nil
-    H.gc()
+    assert.is_true(grown.slots > 10000)
+    for i = 10000, 1, -1 do assert.equal(i, cs[i]()) end
+    -- finished coroutines give their slot back at once
     local st = ah.core.stats()
     assert.is_true(st.slots < 100, "slots released: " .. st.slots)
     assert.is_true(st.inline, "slot table shrank back")
+  end)
+
+  it("slots of abandoned suspended coroutines are reclaimed", function()
+    local function spawn(n)
+      local keep = {}
+      for i = 1, n do
+        local c = co.create(function() co.yield() end)
+        co.resume(c)
+        keep[i] = c
+      end
+      return keep
+    end
+    local live = spawn(3000)
+    local peak = ah.core.stats().capacity
+    live = nil
+    H.gc()
+    for _ = 1, 5 do
+      local batch = spawn(3000)
+      assert.equal(3000, #batch)
+      batch = nil
+      H.gc()
+    end
+    local st = ah.core.stats()
+    assert.is_true(st.capacity <= peak, ("capacity %d <= %d"):format(st.capacity, peak))
+    assert.is_true(st.slots <= 3100, "slots in use: " .. st.slots)
   end)
 
   it("suspended and finished coroutines are collectable", function()

@@ -32,7 +32,8 @@ enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 #define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
 #define AH_UV_T lua_upvalueindex(4) /* thread -> record (weak keys) */
 #define AH_UV_AUX lua_upvalueindex(5) /* strong table of internals */
-#define AH_NUP 5
+#define AH_UV_W lua_upvalueindex(6) /* slot -> thread record (weak values) */
+#define AH_NUP 6
 
 /* integer keys of the aux table */
 enum {
@@ -56,9 +57,12 @@ typedef struct ah_slot {
   lua_Integer trigger; /* current triggerAsyncId */
   lua_Integer base_id; /* the thread's own asyncId (coroutine resource) */
   lua_Integer base_trigger;
+  void *rec;           /* the thread's record (valid while L is alive) */
   int next_free;
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
+  unsigned char has_gc;    /* the record has a finalizer that frees the slot */
+  unsigned char mark;      /* sweep */
 } ah_slot;
 
 typedef struct ah_state {
@@ -92,10 +96,13 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
 }
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
+int ah_released(lua_State *L, int thread_idx);
+void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_push_rec(lua_State *L, int s);
 void ah_push_shared(lua_State *L);
 void ah_open_slots(lua_State *L);
 extern const luaL_Reg ah_slot_funcs[];

@@ -44,11 +44,13 @@ static int co_create(lua_State *L) {
 }
 
 /* slot of the coroutine at co_idx, registering a coroutine created behind
-** the library's back with the resumer's context */
+** the library's back with the resumer's context; -1 for a coroutine that
+** finished and gave its slot back */
 static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
   uintptr_t cs = ah_extra(co);
   int s;
   if (cs < (uintptr_t)st->cap && st->slots[cs].L == co) return (int)cs;
+  if (ah_released(L, co_idx)) return -1;
   s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s);
   cs = (uintptr_t)ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
@@ -98,7 +100,7 @@ static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
   co_idx = lua_absindex(L, co_idx);
   cs = co_slot(L, st, co, co_idx);
   hooks = (st->nhooks[AH_BEFORE] | st->nhooks[AH_AFTER] |
-           st->nhooks[AH_DESTROY]) && suspended(co);
+           st->nhooks[AH_DESTROY]) && cs >= 0 && suspended(co);
   if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);
   lua_xmove(L, co, narg);
   st->active++;
@@ -117,12 +119,17 @@ static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
     nres = -1;
   }
   if (hooks) emit_slice(L, st, AH_AFTER, cs, co_idx);
-  /* finished now: returned, or raised (resuming a dead or running
-  ** coroutine fails without changing its status) */
-  if (status == LUA_OK ||
-      (status != LUA_YIELD && lua_status(co) != LUA_OK &&
-       lua_status(co) != LUA_YIELD))
-    ended(st, cs);
+  if (cs >= 0) {
+    if (status == LUA_OK) { /* returned: nothing of it can run again */
+      ended(st, cs);
+      ah_release(L, st, cs);
+    } else if (status != LUA_YIELD && lua_status(co) != LUA_OK &&
+               lua_status(co) != LUA_YIELD) {
+      /* raised (resuming a dead or running coroutine fails without
+      ** changing its status); its slot stays for coroutine.close */
+      ended(st, cs);
+    }
+  }
   ah_flush_maybe(L, st);
   return nres;
 }
@@ -197,7 +204,10 @@ static int co_close(lua_State *L) {
   st->active++;
   status = ah_closethread(co, L);
   st->active--;
-  ended(st, cs);
+  if (cs >= 0) {
+    ended(st, cs);
+    ah_release(L, st, cs);
+  }
   ah_flush_maybe(L, st);
   if (status == LUA_OK) {
     lua_pushboolean(L, 1);

@@ -32,16 +32,22 @@ static void push_token(lua_State *L, int idx) {
   luaL_typeerror(L, idx, "AsyncLocal");
 }
 
+/* get() is the hot path: only a table whose [1] is a full userdata gets
+** past the type checks (any other userdata there is just a key that is in
+** no frame: get() returns the default, nothing unsafe happens) */
 static int l_get(lua_State *L) {
   ah_state *st = ah_st(L);
   int s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s);
-  push_token(L, 1);
-  if (lua_rawget(L, -2) == LUA_TNIL) {
-    lua_getfield(L, 1, "default");
-    return 1;
+  if (lua_type(L, 1) != LUA_TTABLE || lua_rawgeti(L, 1, 1) != LUA_TUSERDATA)
+    luaL_typeerror(L, 1, "AsyncLocal");
+  switch (lua_rawget(L, -2)) {
+    case LUA_TNIL: lua_getfield(L, 1, "default"); break;
+    case LUA_TLIGHTUSERDATA:
+      if (lua_touserdata(L, -1) == NILV) lua_pushnil(L);
+      break;
+    default: break;
   }
-  if (lua_touserdata(L, -1) == NILV) lua_pushnil(L);
   return 1;
 }
 
@@ -95,17 +101,46 @@ static int l_set(lua_State *L) {
   return 0;
 }
 
-/* enter(v, value) -> previous frame; the caller closes it to restore */
+/* An error in the name of the Lua function that called us (level 1),
+** positioned at its caller (level 2), as if that function had raised it. */
+static int caller_error(lua_State *L, const char *fmt, const char *fname,
+                        int idx) {
+  const char *got = luaL_typename(L, idx);
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
+    got = lua_tostring(L, -1);
+  luaL_where(L, 2);
+  lua_pushfstring(L, fmt, fname, got);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+static int is_callable(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TFUNCTION) return 1;
+  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return 0;
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* enter(v, value, fn) -> previous frame: the scope entry of run(); the
+** caller holds the result in a to-be-closed variable, whose __close
+** restores it.  Checks its arguments in the name of 'run'. */
 static int l_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
-  lua_settop(L, 2);
-  push_token(L, 1); /* 3 */
+  lua_settop(L, 3);
+  if (lua_type(L, 1) != LUA_TTABLE || lua_rawgeti(L, 1, 1) != LUA_TUSERDATA ||
+      lua_rawlen(L, -1) != sizeof(ah_token) ||
+      ((ah_token *)lua_touserdata(L, -1))->magic != AH_TOKEN_MAGIC)
+    return caller_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)",
+                        "run", 1);
+  if (!is_callable(L, 3))
+    return caller_error(L, "bad argument #2 to '%s' (function expected, got %s)",
+                        "run", 3);
   s = ah_slot_of(L, st);
-  lua_rawgeti(L, AH_UV_F, s); /* 4: previous */
-  push_frame_with(L, s, 3, 2); /* 5 */
-  ah_set_frame(L, s, 5);
-  lua_settop(L, 4);
+  lua_rawgeti(L, AH_UV_F, s); /* 5: previous */
+  push_frame_with(L, s, 4, 2); /* 6 */
+  ah_set_frame(L, s, 6);
+  lua_settop(L, 5);
   return 1;
 }
 

@@ -28,11 +28,6 @@ typedef struct ah_guard {
 /* guard user values */
 enum { G_PREV_RES = 1, G_PREV_FRAME, G_PREV_GUARD, G_RES, G_NUV = G_RES };
 
-static void push_rec(lua_State *L) {
-  lua_pushthread(L);
-  lua_rawget(L, AH_UV_T);
-}
-
 static int l_enter_scope(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_Integer id = luaL_checkinteger(L, 1);
@@ -59,7 +54,7 @@ static int l_enter_scope(lua_State *L) {
   lua_pushvalue(L, 3);
   lua_setiuservalue(L, 5, G_RES);
   if (!g->on_main) { /* link into the coroutine's chain */
-    push_rec(L); /* 6 */
+    ah_push_rec(L, s); /* 6 */
     lua_getiuservalue(L, 6, 3);
     lua_setiuservalue(L, 5, G_PREV_GUARD);
     lua_pushvalue(L, 5);
@@ -95,7 +90,7 @@ static int guard_close(lua_State *L) {
     st->active--;
     ah_flush_maybe(L, st);
   } else { /* unlink */
-    push_rec(L);
+    ah_push_rec(L, s);
     lua_getiuservalue(L, 1, G_PREV_GUARD);
     lua_setiuservalue(L, -2, 3);
     lua_pop(L, 1);

@@ -3,9 +3,12 @@
 **
 ** See core.h for the model.  A slot is allocated when a thread first needs a
 ** context (the main thread at load time, a coroutine at create time, any
-** other thread the first time it touches the library) and released by the
-** finalizer of the thread's record, a userdata anchored by the thread itself
-** through an ephemeron table, so a slot lives exactly as long as its thread.
+** other thread the first time it touches the library).  Each thread has a
+** record, a userdata anchored by the thread itself through an ephemeron
+** table, that anchors its frame, resource and open scopes.  A slot is given
+** back when its coroutine returns or is closed, by the record's finalizer
+** when destroy hooks need one, or else by a sweep when the free lists run
+** dry: no per-coroutine finalizer in the common case.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +53,9 @@ static int grow(ah_state *st) {
   return 1;
 }
 
+/* callers make sure a free slot exists */
 static int alloc_slot(ah_state *st) {
   int s;
-  if (st->free_low < 0 && st->free_high < 0 && !grow(st)) return -1;
   if (st->free_low >= 0) {
     s = st->free_low;
     st->free_low = st->slots[s].next_free;
@@ -91,24 +94,76 @@ static void free_slot(ah_state *st, int s) {
 /* --------------------------------------------------------------------- */
 /* thread records                                                         */
 
-/* __gc of a thread record: the thread is gone.  Queue its destroy (a
-** coroutine collected while suspended) and give the slot back. */
+/* Give slot s back: F[s] and R[s] are cleared, the record forgets it. */
+static void clear(lua_State *L, int s) {
+  lua_pushnil(L);
+  lua_rawseti(L, AH_UV_F, s);
+  lua_pushnil(L);
+  lua_rawseti(L, AH_UV_R, s);
+  lua_pushnil(L);
+  lua_rawseti(L, AH_UV_W, s);
+}
+
+static void release(lua_State *L, ah_state *st, int s) {
+  ((ah_rec *)st->slots[s].rec)->slot = -1;
+  clear(L, s);
+  free_slot(st, s);
+}
+
+/* The thread of slot s finished for good (returned, or was closed): its
+** slot is free for reuse at once. */
+void ah_release(lua_State *L, ah_state *st, int s) {
+  if (st->slots[s].kind != AH_KMAIN) release(L, st, s);
+}
+
+/* 1 if the thread at thread_idx had a slot and gave it back */
+int ah_released(lua_State *L, int thread_idx) {
+  int r;
+  lua_pushvalue(L, thread_idx);
+  r = lua_rawget(L, AH_UV_T) == LUA_TUSERDATA &&
+      ((ah_rec *)lua_touserdata(L, -1))->slot < 0;
+  lua_pop(L, 1);
+  return r;
+}
+
+/* __gc of a thread record (only installed while destroy hooks exist, see
+** ah_register): the thread is gone.  Queue its destroy (a coroutine
+** collected while suspended) and give the slot back. */
 static int rec_gc(lua_State *L) {
   ah_rec *rec = (ah_rec *)lua_touserdata(L, 1);
   ah_state *st = rec->st;
   int s = rec->slot;
   if (s < 0 || st->closed) return 0;
-  rec->slot = -1;
-  if (!st->slots[s].destroyed && st->slots[s].kind != AH_KMAIN) {
+  if (!st->slots[s].destroyed) {
     st->slots[s].destroyed = 1;
     if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
   }
-  lua_pushnil(L);
-  lua_rawseti(L, AH_UV_F, s);
-  lua_pushnil(L);
-  lua_rawseti(L, AH_UV_R, s);
-  free_slot(st, s);
+  release(L, st, s);
   return 0;
+}
+
+/* Records without a finalizer cost nothing to collect; the slots of their
+** dead threads are found by this sweep, run when the free lists are empty:
+** every slot that no live record (an entry of the ephemeron table T) claims
+** is free.  Returns the number of slots reclaimed. */
+static int sweep(lua_State *L, ah_state *st) {
+  int i, freed = 0;
+  for (i = 0; i < st->cap; i++) st->slots[i].mark = 0;
+  lua_pushnil(L);
+  while (lua_next(L, AH_UV_T)) {
+    ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
+    if (r && r->slot >= 0) st->slots[r->slot].mark = 1;
+    lua_pop(L, 1);
+  }
+  for (i = 0; i < st->cap; i++) {
+    ah_slot *sl = &st->slots[i];
+    if (sl->L && !sl->mark && !sl->has_gc && sl->kind != AH_KMAIN) {
+      clear(L, i);
+      free_slot(st, i); /* its record is gone: do not touch it */
+      freed++;
+    }
+  }
+  return freed;
 }
 
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
@@ -116,29 +171,38 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   lua_State *co;
   ah_rec *rec;
   ah_slot *sl;
-  int s;
+  int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
   thread_idx = lua_absindex(L, thread_idx);
   frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
   rec = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), 3);
   rec->st = st;
   rec->slot = -1;
-  lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
-  lua_setmetatable(L, -2);
+  if (has_gc) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
+    lua_setmetatable(L, -2);
+  }
   lua_pushvalue(L, frame_idx);
   lua_setiuservalue(L, -2, 1);
   lua_pushvalue(L, thread_idx);
   lua_pushvalue(L, -2);
   lua_rawset(L, AH_UV_T); /* T[co] = rec */
+  if (st->free_low < 0 && st->free_high < 0 &&
+      sweep(L, st) < st->cap / 4 && !grow(st) &&
+      st->free_low < 0 && st->free_high < 0)
+    luaL_error(L, "not enough memory for a context slot");
   s = alloc_slot(st);
-  if (s < 0) luaL_error(L, "not enough memory for a context slot");
-  rec->slot = s; /* from now on the finalizer owns the slot */
+  rec->slot = s; /* from now on the record owns the slot */
+  sl = &st->slots[s];
+  sl->L = NULL; /* not valid until F[s] is set */
+  sl->rec = rec;
+  sl->has_gc = (unsigned char)has_gc;
+  sl->kind = (unsigned char)kind;
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, AH_UV_F, s); /* may allocate (and run finalizers) */
-  lua_pop(L, 1);
+  lua_rawseti(L, AH_UV_W, s); /* pops the record */
   sl = &st->slots[s];
   sl->L = co;
-  sl->kind = (unsigned char)kind;
   sl->destroyed = 0;
   sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
@@ -161,19 +225,17 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
 /* Thread records hold, as user values: 1 the current frame, 2 the current
 ** resource, 3 the innermost open scope guard (coroutines only). */
 
+void ah_push_rec(lua_State *L, int s) {
+  lua_rawgeti(L, AH_UV_W, s);
+}
+
 /* store the value at idx as F[s] (uvidx AH_UV_F, user value 1 of the
-** record) or R[s] (AH_UV_R, user value 2) of the thread at thread_idx */
-static void store(lua_State *L, int uvidx, int uv, int s, int thread_idx,
-                  int idx) {
+** record) or R[s] (AH_UV_R, user value 2) */
+static void store(lua_State *L, int uvidx, int uv, int s, int idx) {
   idx = lua_absindex(L, idx);
-  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
   lua_pushvalue(L, idx);
   lua_rawseti(L, uvidx, s);
-  if (thread_idx)
-    lua_pushvalue(L, thread_idx);
-  else
-    lua_pushthread(L);
-  lua_rawget(L, AH_UV_T);
+  lua_rawgeti(L, AH_UV_W, s);
   lua_pushvalue(L, idx);
   lua_setiuservalue(L, -2, uv);
   lua_pop(L, 1);
@@ -181,12 +243,12 @@ static void store(lua_State *L, int uvidx, int uv, int s, int thread_idx,
 
 /* make the value at idx the current frame of L (whose slot is s) */
 void ah_set_frame(lua_State *L, int s, int idx) {
-  store(L, AH_UV_F, 1, s, 0, idx);
+  store(L, AH_UV_F, 1, s, idx);
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
 void ah_set_resource(lua_State *L, int s, int idx) {
-  store(L, AH_UV_R, 2, s, 0, idx);
+  store(L, AH_UV_R, 2, s, idx);
 }
 
 /* push the current resource of the thread at thread_idx (slot s),
@@ -203,7 +265,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   lua_createtable(L, 0, 1);
   lua_pushvalue(L, thread_idx);
   lua_setfield(L, -2, "thread");
-  store(L, AH_UV_R, 2, s, thread_idx, -1);
+  store(L, AH_UV_R, 2, s, -1);
 }
 
 void ah_push_resource(lua_State *L, ah_state *st, int s) {
@@ -382,6 +444,7 @@ LUAMOD_API int luaopen_async_hooks_core(lua_State *L) {
   weak_table(L, "v"); /* R */
   weak_table(L, "k"); /* T */
   lua_createtable(L, AUX_N, 0);
+  weak_table(L, "v"); /* W */
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
   lua_pushvalue(L, -1);

@@ -88,9 +88,7 @@ AsyncLocal.set = core.set
 -- @param value
 -- @tparam function fn
 function AsyncLocal:run(value, fn, ...)
-  if getmetatable(self) ~= AsyncLocal then selferror("run", "AsyncLocal", self) end
-  if not callable(fn) then argerror(2, "run", "function", fn) end
-  local prev <close> = enter(self, value)
+  local prev <close> = enter(self, value, fn) -- checks self and fn
   return fn(...)
 end
 
@@ -126,9 +124,7 @@ AsyncLocalStorage.getStore = core.get
 
 --- Run `fn(...)` with `store` as the store; restores on return and error.
 function AsyncLocalStorage:run(store, fn, ...)
-  if getmetatable(self) ~= AsyncLocalStorage then selferror("run", "AsyncLocalStorage", self) end
-  if not callable(fn) then argerror(2, "run", "function", fn) end
-  local prev <close> = enter(self, store)
+  local prev <close> = enter(self, store, fn) -- checks self and fn
   return fn(...)
 end
 
@@ -140,7 +136,7 @@ AsyncLocalStorage.enterWith = core.set
 function AsyncLocalStorage:exit(fn, ...)
   if getmetatable(self) ~= AsyncLocalStorage then selferror("exit", "AsyncLocalStorage", self) end
   if not callable(fn) then argerror(1, "exit", "function", fn) end
-  local prev <close> = enter(self, nil)
+  local prev <close> = enter(self, nil, fn)
   return fn(...)
 end
 
