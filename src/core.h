@@ -19,6 +19,7 @@
 #include "compat.h"
 
 #define AH_INLINE 64
+#define AH_CB_INLINE 32
 
 /* hook kinds, also the index of their function list */
 enum { AH_INIT = 1, AH_BEFORE, AH_AFTER, AH_DESTROY, AH_NKINDS = AH_DESTROY };
@@ -82,6 +83,9 @@ typedef struct ah_state {
   int closed;                /* state finalized (lua_close) */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
+  lua_Integer *cb;           /* native stack of entered luv trampolines */
+  size_t cb_n, cb_cap;
+  lua_Integer cb_inline[AH_CB_INLINE];
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 

@@ -1,8 +1,476 @@
 /*
-** luv.c - the luv trampoline (see the luv integration issue).
+** luv.c - the luv trampoline.
+**
+** Three pieces:
+**  - registration wrappers (`luv_wrap`): a C closure that stands in for a
+**    callback-taking luv function.  It finds the callback argument, and when
+**    something could observe it (a hook enabled, a non-empty frame, or
+**    executionAsyncResource() ever called) replaces it by a trampoline that
+**    captured the registration's context, then calls the original function.
+**    Otherwise the user's callback goes to luv untouched.
+**  - the trampoline (`tramp`): enters the captured context (ids, resource,
+**    frame), emits before/after when enabled, calls the user callback with
+**    luv's arguments, restores; a one-shot request queues its destroy.
+**  - a replacement for luv's cb_pcall (`ah_cb_pcall`), the function luv
+**    calls every Lua callback through: it runs every callback, tracked or
+**    not, in a fresh root context (asyncId 0, empty frame) and restores the
+**    caller's context afterwards, also when the callback raised (then luv's
+**    own handler has printed the error, with its traceback, before we run;
+**    `after` is emitted for the trampolines the error unwound).  It also
+**    flushes queued destroys once no callback is active.
+**
+** luv's context (registry["luv_context"]) is reached without linking luv or
+** libuv: only its first three fields are used, which have kept their layout
+** since luv 1.30.
 */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "core.h"
 
+typedef int (*ah_luv_pcall)(lua_State *L, int nargs, int nresults, int flags);
+
+typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
+  void *loop;
+  lua_State *L;
+  ah_luv_pcall cb_pcall;
+} ah_luv_ctx;
+
+/* registry[&luv_key]: a userdata holding this, user values 1 = enter_root
+** closure, 2 = leave closure (both with the shared upvalues) */
+typedef struct ah_luv {
+  ah_luv_ctx *ctx;
+  ah_luv_pcall orig;
+  ah_state *st;
+  int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
+} ah_luv;
+
+static const char luv_key = 0;
+
+/* kinds of wrapped functions */
+enum { K_HANDLE = 0, K_CREATE, K_CLOSE, K_REQ, K_WORK };
+
+/* trampoline upvalues, after the shared ones */
+#define T_CB lua_upvalueindex(AH_NUP + 1)
+#define T_FRAME lua_upvalueindex(AH_NUP + 2)
+#define T_RES lua_upvalueindex(AH_NUP + 3)
+#define T_HANDLE lua_upvalueindex(AH_NUP + 4)
+#define T_ID lua_upvalueindex(AH_NUP + 5)
+#define T_TRIGGER lua_upvalueindex(AH_NUP + 6)
+#define T_ONESHOT lua_upvalueindex(AH_NUP + 7)
+#define T_NUP (AH_NUP + 7)
+
+/* wrapper upvalues, after the shared ones */
+#define W_ORIG lua_upvalueindex(AH_NUP + 1)
+#define W_POS lua_upvalueindex(AH_NUP + 2)   /* p1 * 16 + p2 */
+#define W_KIND lua_upvalueindex(AH_NUP + 3)
+#define W_TYPE lua_upvalueindex(AH_NUP + 4)  /* nil: the handle's type */
+#define W_HR lua_upvalueindex(AH_NUP + 5)    /* handle -> trampoline */
+#define W_NUP (AH_NUP + 5)
+
+/* ------------------------------------------------------------------- */
+/* native stack of entered trampolines                                  */
+
+static int cb_push(ah_state *st, lua_Integer id) {
+  if (st->cb_n == st->cb_cap) {
+    size_t ncap = st->cb_cap * 2;
+    lua_Integer *n;
+    if (st->cb == st->cb_inline) {
+      n = malloc(ncap * sizeof *n);
+      if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
+    } else {
+      n = realloc(st->cb, ncap * sizeof *n);
+    }
+    if (!n) return 0;
+    st->cb = n;
+    st->cb_cap = ncap;
+  }
+  st->cb[st->cb_n++] = id;
+  return 1;
+}
+
+static void cb_pop(ah_state *st) {
+  st->cb_n--;
+  if (st->cb != st->cb_inline && st->cb_n <= AH_CB_INLINE / 2) {
+    memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
+    free(st->cb);
+    st->cb = st->cb_inline;
+    st->cb_cap = AH_CB_INLINE;
+  }
+}
+
+/* ------------------------------------------------------------------- */
+/* the trampoline                                                        */
+
+static int tramp(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int n = lua_gettop(L), s = ah_slot_of(L, st), i;
+  lua_Integer id = lua_tointeger(L, T_ID);
+  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  luaL_checkstack(L, n + 8, "async_hooks");
+  if (lua_isnil(L, T_RES) && st->res_on) { /* resource wanted after all */
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, T_HANDLE);
+    lua_setfield(L, -2, "handle");
+    lua_replace(L, T_RES);
+  }
+  lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
+  lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
+  if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+  st->slots[s].id = id;
+  st->slots[s].trigger = lua_tointeger(L, T_TRIGGER);
+  ah_set_resource(L, s, T_RES);
+  ah_set_frame(L, s, T_FRAME);
+  st->active++;
+  ah_emit_id(L, st, AH_BEFORE, id);
+  lua_pushvalue(L, T_CB);
+  for (i = 1; i <= n; i++) lua_pushvalue(L, i);
+  lua_call(L, n, 0); /* on error, ah_cb_pcall cleans up */
+  ah_emit_id(L, st, AH_AFTER, id);
+  cb_pop(st);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  ah_set_resource(L, s, n + 1);
+  ah_set_frame(L, s, n + 2);
+  st->active--;
+  if (lua_toboolean(L, T_ONESHOT) && st->nhooks[AH_DESTROY])
+    ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+/* ------------------------------------------------------------------- */
+/* registration wrappers                                                 */
+
+static int callable(lua_State *L, int idx) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TFUNCTION) return 1;
+  if (t != LUA_TTABLE && t != LUA_TUSERDATA) return 0;
+  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return 0;
+  lua_pop(L, 1);
+  return 1;
+}
+
+static int observable(lua_State *L, ah_state *st, int s) {
+  int k, r;
+  for (k = 1; k <= AH_NKINDS; k++)
+    if (st->nhooks[k]) return 1;
+  if (st->res_on) return 1;
+  lua_rawgeti(L, AH_UV_F, s);
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  r = !lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return r;
+}
+
+/* destroy the tracked registration of the handle at idx, if any */
+static void forget_handle(lua_State *L, ah_state *st, int idx) {
+  if (lua_type(L, idx) != LUA_TUSERDATA) return;
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, W_HR) == LUA_TFUNCTION) {
+    lua_getupvalue(L, -1, AH_NUP + 5); /* T_ID */
+    if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    lua_pushvalue(L, idx);
+    lua_pushnil(L);
+    lua_rawset(L, W_HR);
+  }
+  lua_pop(L, 1);
+}
+
+/* Call the original with the n values on top of the stack (the function
+** is pushed below them); returns the number of results.  The original runs
+** one C level deeper than it would without us, so luaL_argerror cannot name
+** it ("bad argument #1 to '?'"): such a message is rewritten the way
+** luaL_argerror would have written it with our caller's call site. */
+/* luaL_argerror's last resort, for a function called without a name:
+** "mod.field" where package.loaded[mod][field] is the running function */
+static const char *global_name(lua_State *L, lua_Debug *ar) {
+  const char *name = NULL;
+  lua_getinfo(L, "f", ar);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (name == NULL && lua_next(L, -2)) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, -6)) {
+          name = lua_pushfstring(L, "%s.%s", lua_tostring(L, -4), lua_tostring(L, -2));
+          lua_replace(L, -7); /* keep it where the function was */
+          lua_pop(L, 2);
+          break;
+        }
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  if (name == NULL) lua_pop(L, 2); /* loaded table, function */
+  else lua_pop(L, 1);              /* loaded table (name replaced fn) */
+  return name;
+}
+
+static int call_orig_n(lua_State *L, int n) {
+  int base = lua_gettop(L) - n;
+  lua_pushvalue(L, W_ORIG);
+  lua_insert(L, base + 1);
+  if (lua_pcall(L, n, LUA_MULTRET, 0) != LUA_OK) {
+    const char *msg = lua_tostring(L, -1), *rest;
+    int arg;
+    lua_Debug ar;
+    if (lua_type(L, -1) == LUA_TSTRING && sscanf(msg, "bad argument #%d to '?' (", &arg) == 1 &&
+        (rest = strstr(msg, "' (")) != NULL && lua_getstack(L, 0, &ar) &&
+        lua_getinfo(L, "n", &ar) && (ar.name || (ar.name = global_name(L, &ar)))) {
+      rest += 2;
+      luaL_where(L, 1);
+      if (strcmp(ar.namewhat, "method") == 0 && --arg == 0)
+        lua_pushfstring(L, "calling '%s' on bad self %s", ar.name, rest);
+      else
+        lua_pushfstring(L, "bad argument #%d to '%s' %s", arg, ar.name, rest);
+      lua_concat(L, 2);
+    }
+    return lua_error(L);
+  }
+  return lua_gettop(L) - base;
+}
+
+static int call_orig(lua_State *L) {
+  return call_orig_n(L, lua_gettop(L));
+}
+
+static int wrapped(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int n = lua_gettop(L), pos = 0, s, kind = (int)lua_tointeger(L, W_KIND);
+  int packed = (int)lua_tointeger(L, W_POS), p1 = packed >> 4, p2 = packed & 15;
+  lua_Integer id, trigger;
+  int nres, has_handle = kind != K_CREATE && kind != K_WORK &&
+                         lua_type(L, 1) == LUA_TUSERDATA;
+  const char *type;
+  if (p1 && p1 <= n && callable(L, p1))
+    pos = p1;
+  else if (p2 && p2 <= n && callable(L, p2) && (p1 > n || lua_isnil(L, p1)))
+    pos = p2;
+  if (kind == K_CLOSE) forget_handle(L, st, 1); /* no more callbacks */
+  if (!pos) return call_orig(L);         /* synchronous, or no callback */
+  s = ah_slot_of(L, st);
+  if (!observable(L, st, s)) {
+    if (kind == K_HANDLE) forget_handle(L, st, 1);
+    return call_orig(L);
+  }
+  luaL_checkstack(L, T_NUP + 8, "async_hooks");
+  /* the resource type */
+  if (!lua_isnil(L, W_TYPE))
+    lua_pushvalue(L, W_TYPE);
+  else if (!has_handle || luaL_getmetafield(L, 1, "__name") != LUA_TSTRING) {
+    if (has_handle) lua_settop(L, n);
+    lua_pushliteral(L, "uv_handle");
+  }
+  type = lua_tostring(L, -1); /* n+1, kept on the stack */
+  id = st->next_id++;
+  trigger = st->slots[s].id;
+  /* the trampoline */
+  ah_push_shared(L);
+  lua_pushvalue(L, pos);                       /* T_CB */
+  lua_rawgeti(L, AH_UV_F, s);                  /* T_FRAME */
+  if (st->nhooks[AH_INIT] || st->res_on) {     /* T_RES */
+    lua_createtable(L, 0, 1);
+    if (has_handle) {
+      lua_pushvalue(L, 1);
+      lua_setfield(L, -2, "handle");
+    }
+  } else {
+    lua_pushnil(L);
+  }
+  if (has_handle) lua_pushvalue(L, 1); else lua_pushnil(L); /* T_HANDLE */
+  lua_pushinteger(L, id);                      /* T_ID */
+  lua_pushinteger(L, trigger);                 /* T_TRIGGER */
+  lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* T_ONESHOT */
+  lua_pushcclosure(L, tramp, T_NUP);           /* n+2 */
+  if (kind == K_HANDLE) { /* replaces the handle's previous registration */
+    forget_handle(L, st, 1);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, W_HR);
+  }
+  lua_pushvalue(L, -1);
+  lua_replace(L, pos);
+  /* call the original with the trampoline in the callback's place */
+  for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
+  nres = call_orig_n(L, n);
+  /* a handle made by this call (new_async, spawn) */
+  if (kind == K_CREATE && nres > 0 && lua_type(L, n + 3) == LUA_TUSERDATA) {
+    lua_pushvalue(L, n + 3);
+    lua_setupvalue(L, n + 2, 4 + AH_NUP); /* T_HANDLE */
+    lua_getupvalue(L, n + 2, 3 + AH_NUP); /* T_RES */
+    if (lua_istable(L, -1)) {
+      lua_pushvalue(L, n + 3);
+      lua_setfield(L, -2, "handle");
+    }
+    lua_pop(L, 1);
+    lua_pushvalue(L, n + 3);
+    lua_pushvalue(L, n + 2);
+    lua_rawset(L, W_HR);
+  }
+  if (st->nhooks[AH_INIT]) {
+    lua_getupvalue(L, n + 2, 3 + AH_NUP);
+    ah_emit_init(L, st, id, type, trigger, -1);
+    lua_pop(L, 1);
+  }
+  return nres;
+}
+
+/* luv_wrap(orig, p1, p2, kind, type|nil, HR) -> wrapper */
+static int l_luv_wrap(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_Integer p1 = luaL_checkinteger(L, 2), p2 = luaL_optinteger(L, 3, 0);
+  lua_Integer kind = luaL_checkinteger(L, 4);
+  luaL_argcheck(L, p1 >= 0 && p1 < 16 && p2 >= 0 && p2 < 16, 2, "bad position");
+  luaL_argcheck(L, kind >= K_HANDLE && kind <= K_WORK, 4, "bad kind");
+  luaL_checktype(L, 6, LUA_TTABLE);
+  ah_push_shared(L);
+  lua_pushvalue(L, 1);
+  lua_pushinteger(L, p1 * 16 + p2);
+  lua_pushinteger(L, kind);
+  lua_pushvalue(L, 5);
+  lua_pushvalue(L, 6);
+  lua_pushcclosure(L, wrapped, W_NUP);
+  return 1;
+}
+
+/* ------------------------------------------------------------------- */
+/* the cb_pcall safety net                                               */
+
+/* enter_root(): save the current thread's ids, enter the root context;
+** returns previous resource, previous frame, previous id, trigger and the
+** native stack depth */
+static int l_enter_root(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s = ah_slot_of(L, st);
+  lua_rawgeti(L, AH_UV_R, s);
+  lua_rawgeti(L, AH_UV_F, s);
+  lua_pushinteger(L, st->slots[s].id);
+  lua_pushinteger(L, st->slots[s].trigger);
+  lua_pushinteger(L, (lua_Integer)st->cb_n);
+  st->slots[s].id = 0;
+  st->slots[s].trigger = 0;
+  lua_pushnil(L);
+  ah_set_resource(L, s, -1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  ah_set_frame(L, s, -1);
+  lua_pop(L, 2);
+  st->active++;
+  return 5;
+}
+
+/* leave(res, frame, id, trigger, depth): `after` for trampolines an error
+** unwound, restore, flush */
+static int l_leave(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int s;
+  size_t depth = (size_t)lua_tointeger(L, 5);
+  while (st->cb_n > depth) {
+    lua_Integer id = st->cb[st->cb_n - 1];
+    ah_emit_id(L, st, AH_AFTER, id);
+    cb_pop(st);
+    st->active--;
+  }
+  s = ah_slot_of(L, st);
+  st->slots[s].id = lua_tointeger(L, 3);
+  st->slots[s].trigger = lua_tointeger(L, 4);
+  ah_set_resource(L, s, 1);
+  ah_set_frame(L, s, 2);
+  st->active--;
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  ah_luv *lv;
+  int base, ret, top;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  base = lua_gettop(L) - nargs - 1; /* index of the callback */
+  lua_getiuservalue(L, -1, 1);
+  if (lua_pcall(L, 0, 5, 0) != LUA_OK) { /* out of memory: run it bare */
+    lua_settop(L, base + nargs);
+    return lv->orig(L, nargs, nresults, flags);
+  }
+  lua_rotate(L, base, 6); /* [lv res frame id trig depth cb args] */
+  ret = lv->orig(L, nargs, nresults, flags | lv->flags);
+  top = lua_gettop(L);
+  lua_getiuservalue(L, base, 2);
+  for (int i = 1; i <= 5; i++) lua_pushvalue(L, base + i);
+  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
+    lua_warning(L, "async_hooks: could not restore the context after a luv callback: ", 1);
+    lua_warning(L, lua_tostring(L, -1) ? lua_tostring(L, -1) : "?", 0);
+    lua_pop(L, 1);
+  }
+  lua_rotate(L, base, top - base - 5); /* drop our 6 values below results */
+  lua_settop(L, top - 6);
+  return ret;
+}
+
+/* luv_attach(): take over luv's cb_pcall (idempotent) */
+static int l_luv_attach(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_luv *lv;
+  ah_luv_ctx *ctx;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
+    return luaL_error(L, "luv is not loaded in this Lua state");
+  ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
+  if (ctx->cb_pcall == ah_cb_pcall) return 0;
+  lv = (ah_luv *)lua_newuserdatauv(L, sizeof(ah_luv), 2);
+  lv->ctx = ctx;
+  lv->orig = ctx->cb_pcall;
+  lv->st = st;
+  lv->flags = 0;
+  ah_push_shared(L);
+  lua_pushcclosure(L, l_enter_root, AH_NUP);
+  lua_setiuservalue(L, -2, 1);
+  ah_push_shared(L);
+  lua_pushcclosure(L, l_leave, AH_NUP);
+  lua_setiuservalue(L, -2, 2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &luv_key);
+  ctx->cb_pcall = ah_cb_pcall;
+  return 0;
+}
+
+/* luv_detach(): give cb_pcall back */
+static int l_luv_detach(lua_State *L) {
+  ah_luv *lv;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  if (lv && lv->ctx->cb_pcall == ah_cb_pcall) lv->ctx->cb_pcall = lv->orig;
+  return 0;
+}
+
+/* luv_flags(n): LUVF_CALLBACK_* flags added to every callback (for tests
+** that need a callback error not to end the process) */
+static int l_luv_flags(lua_State *L) {
+  ah_luv *lv;
+  int flags = (int)luaL_checkinteger(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  luaL_argcheck(L, lv != NULL, 1, "luv integration not attached");
+  lv->flags = flags;
+  return 0;
+}
+
+static int l_luv_attached(lua_State *L) {
+  ah_luv_ctx *ctx = NULL;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") == LUA_TUSERDATA)
+    ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
+  lua_pushboolean(L, ctx && ctx->cb_pcall == ah_cb_pcall);
+  return 1;
+}
+
 const luaL_Reg ah_luv_funcs[] = {
+  {"luv_wrap", l_luv_wrap},
+  {"luv_attach", l_luv_attach},
+  {"luv_detach", l_luv_detach},
+  {"luv_attached", l_luv_attached},
+  {"luv_flags", l_luv_flags},
   {NULL, NULL}
 };

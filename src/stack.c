@@ -349,6 +349,9 @@ static int state_gc(lua_State *L) {
   st->cap = AH_INLINE;
   free(st->dq);
   st->dq = NULL;
+  if (st->cb != st->cb_inline) free(st->cb);
+  st->cb = st->cb_inline;
+  st->cb_n = 0;
   st->dq_n = st->dq_cap = 0;
   return 0;
 }
@@ -382,6 +385,8 @@ static int build(lua_State *L) {
   st->free_low = st->free_high = -1;
   for (i = AH_INLINE - 1; i >= 0; i--) push_free(st, i);
   st->next_id = 2;
+  st->cb = st->cb_inline;
+  st->cb_cap = AH_CB_INLINE;
 
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   mainL = lua_tothread(L, -1);

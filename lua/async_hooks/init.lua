@@ -7,6 +7,7 @@
 -- module is the public face.
 -- @module async_hooks
 local core = require("async_hooks.core")
+local luvmod = require("async_hooks.luv")
 
 -- One module per Lua state: busted (and others) may re-run this file in the
 -- same state; the classes must stay the same objects.
@@ -368,12 +369,33 @@ local PATCHED = { "create", "wrap", "resume", "close" }
 -- @return the module
 function M.install(opts)
   if opts ~= nil and type(opts) ~= "table" then argerror(1, "install", "table or nil", opts) end
+  local uv = opts and opts.luv or package.loaded.luv
+  if uv ~= nil and type(uv) ~= "table" then argerror(1, "install", "luv module in opts.luv", uv) end
   if not persist.coroutine then
     local saved = {}
     for _, k in ipairs(PATCHED) do saved[k] = stdco[k]; stdco[k] = coro[k] end
     persist.coroutine = saved
   end
-  if M.luv_install then M.luv_install(opts) end
+  if uv ~= nil then
+    luvmod.attach(uv, persist)
+  elseif not persist.preload then
+    -- luv required later: integrate it as it loads
+    local function preload(name, ...)
+      package.preload.luv = nil
+      persist.preload = nil
+      for i = 2, #package.searchers do
+        local loader, extra = package.searchers[i](name)
+        if type(loader) == "function" then
+          local mod = loader(name, extra)
+          if persist.coroutine then luvmod.attach(mod, persist) end
+          return mod
+        end
+      end
+      error("module '" .. name .. "' not found", 2)
+    end
+    persist.preload = preload
+    package.preload.luv = preload
+  end
   return M
 end
 
@@ -385,7 +407,11 @@ function M.uninstall()
     for k, f in pairs(saved) do stdco[k] = f end
     persist.coroutine = nil
   end
-  if M.luv_uninstall then M.luv_uninstall() end
+  if persist.preload and package.preload.luv == persist.preload then
+    package.preload.luv = nil
+  end
+  persist.preload = nil
+  luvmod.detach(persist)
   return M
 end
 
@@ -393,6 +419,9 @@ end
 function M.installed()
   return persist.coroutine ~= nil
 end
+
+--- The luv functions whose callbacks are wrapped (sorted names).
+M.luv_covered = luvmod.covered
 
 M.core = core
 persist.module = M

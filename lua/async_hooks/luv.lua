@@ -1,0 +1,146 @@
+--- luv integration: every callback handed to luv runs in the context of the
+-- call that handed it over.
+--
+-- Patches the luv module table and the `__index` table of every luv
+-- metatable (so `uv.timer_start(t, ...)` and `t:start(...)` are both
+-- covered) with C wrappers made by `core.luv_wrap`, and swaps luv's
+-- `cb_pcall` for the library's (see `src/luv.c`).  Used by
+-- `async_hooks.install()`; not meant to be required on its own.
+-- @module async_hooks.luv
+local core = require("async_hooks.core")
+
+local pairs, ipairs, type, rawget, next = pairs, ipairs, type, rawget, next
+local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
+
+--- Every callback-taking luv function: {name, position[, alternative
+-- position], kind[, resource type]}.  The alternative position is used when
+-- the callback is not at the first one and that argument is nil (fs_read(fd,
+-- size, cb) and fs_read(fd, size, offset, cb)).  Handle callbacks take their
+-- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).
+local SPECS = {
+  -- handle callbacks (kept until replaced or the handle is closed)
+  { "timer_start", 4, 0, K_HANDLE },
+  { "prepare_start", 2, 0, K_HANDLE },
+  { "check_start", 2, 0, K_HANDLE },
+  { "idle_start", 2, 0, K_HANDLE },
+  { "poll_start", 3, 0, K_HANDLE },
+  { "signal_start", 3, 0, K_HANDLE },
+  { "signal_start_oneshot", 3, 0, K_HANDLE },
+  { "fs_event_start", 4, 0, K_HANDLE },
+  { "fs_poll_start", 4, 0, K_HANDLE },
+  { "listen", 3, 0, K_HANDLE },
+  { "read_start", 2, 0, K_HANDLE },
+  { "udp_recv_start", 2, 0, K_HANDLE },
+  -- handles created by the call itself
+  { "new_async", 1, 0, K_CREATE, "uv_async" },
+  { "spawn", 3, 0, K_CREATE, "uv_process" },
+  -- close callbacks (one-shot; the handle's registration is destroyed)
+  { "close", 2, 0, K_CLOSE },
+  { "tcp_close_reset", 2, 0, K_CLOSE },
+  -- requests (one-shot)
+  { "write", 3, 0, K_REQ, "uv_write" },
+  { "write2", 4, 0, K_REQ, "uv_write" },
+  { "shutdown", 2, 0, K_REQ, "uv_shutdown" },
+  { "tcp_connect", 4, 0, K_REQ, "uv_connect" },
+  { "pipe_connect", 3, 0, K_REQ, "uv_connect" },
+  { "pipe_connect2", 4, 3, K_REQ, "uv_connect" },
+  { "udp_send", 5, 0, K_REQ, "uv_udp_send" },
+  { "getaddrinfo", 4, 0, K_REQ, "uv_getaddrinfo" },
+  { "getnameinfo", 2, 0, K_REQ, "uv_getnameinfo" },
+  { "random", 3, 0, K_REQ, "uv_random" },
+  -- the after-work callback of new_work (called once per queue_work)
+  { "new_work", 2, 0, K_WORK, "uv_work" },
+}
+
+local FS = {
+  fs_close = 2, fs_open = 4, fs_read = { 4, 3 }, fs_unlink = 2, fs_write = { 4, 3 },
+  fs_mkdir = 3, fs_mkdtemp = 2, fs_mkstemp = 2, fs_rmdir = 2, fs_scandir = 2,
+  fs_stat = 2, fs_fstat = 2, fs_lstat = 2, fs_rename = 3, fs_fsync = 2,
+  fs_fdatasync = 2, fs_ftruncate = 3, fs_sendfile = 5, fs_access = 3, fs_chmod = 3,
+  fs_fchmod = 3, fs_utime = 4, fs_futime = 4, fs_lutime = 4, fs_link = 3,
+  fs_symlink = { 4, 3 }, fs_readlink = 2, fs_realpath = 2, fs_chown = 4,
+  fs_fchown = 4, fs_lchown = { 4, 3 }, fs_copyfile = { 4, 3 }, fs_opendir = 2,
+  fs_readdir = 2, fs_closedir = 2, fs_statfs = 2,
+}
+for name, pos in pairs(FS) do
+  if type(pos) == "table" then
+    SPECS[#SPECS + 1] = { name, pos[1], pos[2], K_REQ, "uv_fs" }
+  else
+    SPECS[#SPECS + 1] = { name, pos, 0, K_REQ, "uv_fs" }
+  end
+end
+
+local L = {}
+
+--- The names of the luv functions that are wrapped (for the README and the
+-- specs).
+L.covered = {}
+for _, s in ipairs(SPECS) do L.covered[#L.covered + 1] = s[1] end
+table.sort(L.covered)
+
+local state -- {uv = module, patches = {{tbl, key, orig}}, check = handle}
+
+--- Patch luv (idempotent).
+-- @param uv the luv module table
+function L.attach(uv, persist)
+  state = persist.luv
+  if state then return end
+  state = { uv = uv, patches = {} }
+  local HR = setmetatable({}, { __mode = "k" }) -- handle -> trampoline
+  local wrappers = {}                          -- original -> wrapper
+  local check_start = uv.check_start
+  for _, s in ipairs(SPECS) do
+    local orig = rawget(uv, s[1])
+    if type(orig) == "function" and not wrappers[orig] then
+      wrappers[orig] = core.luv_wrap(orig, s[2], s[3], s[4], s[5], HR)
+    end
+  end
+  local function patch(tbl)
+    for k, v in pairs(tbl) do
+      local w = wrappers[v]
+      if w then
+        state.patches[#state.patches + 1] = { tbl, k, v }
+        tbl[k] = w
+      end
+    end
+  end
+  patch(uv)
+  -- every luv metatable: handles (uv_timer, uv_tcp, ...), uv_dir, ...
+  for k, mt in pairs(debug.getregistry()) do
+    if type(k) == "string" and k:match("^uv_") and type(mt) == "table" then
+      local index = rawget(mt, "__index")
+      if type(index) == "table" then patch(index) end
+    end
+  end
+  core.luv_attach()
+  -- deliver queued destroys at least once per loop iteration: every
+  -- callback's exit flushes them, and this check handle makes sure there is
+  -- one per iteration (unref'd: it does not keep the loop alive)
+  local check = uv.new_check()
+  check_start(check, core.flush)
+  uv.unref(check)
+  state.check = check
+  persist.luv = state
+end
+
+--- Undo `attach`: every patched slot gets its original function back.
+function L.detach(persist)
+  state = persist.luv
+  if not state then return end
+  for i = #state.patches, 1, -1 do
+    local p = state.patches[i]
+    p[1][p[2]] = p[3]
+  end
+  core.luv_detach()
+  local check, uv = state.check, state.uv
+  if check and not check:is_closing() then
+    check:stop()
+    check:close()
+    -- luv 1.44 crashes at exit on a closed handle the loop never saw again
+    if not uv.loop_alive() or uv.loop_mode() == nil then uv.run("nowait") end
+  end
+  persist.luv = nil
+  state = nil
+end
+
+return L
