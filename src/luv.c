@@ -37,7 +37,7 @@ typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
   ah_luv_pcall cb_pcall;
 } ah_luv_ctx;
 
-/* registry[&luv_key]: a userdata holding this, user values 1 = enter_root
+/* registry[&luv_key]: a userdata holding this, user values 1 = enter
 ** closure, 2 = leave closure (both with the shared upvalues) */
 typedef struct ah_luv {
   ah_luv_ctx *ctx;
@@ -342,30 +342,61 @@ static int l_luv_wrap(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* the cb_pcall safety net                                               */
 
-/* enter_root(): save the current thread's ids, enter the root context;
-** returns previous resource, previous frame, previous id, trigger and the
-** native stack depth */
-static int l_enter_root(lua_State *L) {
+/* enter(cb): save the current thread's context and enter the callback's:
+** the one a trampoline captured (its before is emitted here, and the
+** user's function is returned so that luv calls it directly: no extra
+** frame in tracebacks), or else the root context.  Returns previous
+** resource, frame, id, trigger, native stack depth, function to call. */
+static int l_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   int s = ah_slot_of(L, st);
+  luaL_checkstack(L, 10, "async_hooks");
   lua_rawgeti(L, AH_UV_R, s);
   lua_rawgeti(L, AH_UV_F, s);
   lua_pushinteger(L, st->slots[s].id);
   lua_pushinteger(L, st->slots[s].trigger);
   lua_pushinteger(L, (lua_Integer)st->cb_n);
-  st->slots[s].id = 0;
-  st->slots[s].trigger = 0;
-  lua_pushnil(L);
-  ah_set_resource(L, s, -1);
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  ah_set_frame(L, s, -1);
-  lua_pop(L, 2);
   st->active++;
-  return 5;
+  if (lua_tocfunction(L, 1) == tramp) {
+    lua_Integer id;
+    lua_getupvalue(L, 1, AH_NUP + 5); /* T_ID */
+    id = lua_tointeger(L, -1);
+    lua_getupvalue(L, 1, AH_NUP + 6); /* T_TRIGGER */
+    if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+    st->active++;
+    st->slots[s].id = id;
+    st->slots[s].trigger = lua_tointeger(L, -1);
+    lua_pop(L, 2);
+    if (lua_getupvalue(L, 1, AH_NUP + 3) == LUA_TNIL && st->res_on) {
+      lua_pop(L, 1); /* resource wanted after all */
+      lua_createtable(L, 0, 1);
+      lua_getupvalue(L, 1, AH_NUP + 4); /* T_HANDLE */
+      lua_setfield(L, -2, "handle");
+      lua_pushvalue(L, -1);
+      lua_setupvalue(L, 1, AH_NUP + 3);
+    }
+    ah_set_resource(L, s, -1);
+    lua_getupvalue(L, 1, AH_NUP + 2); /* T_FRAME */
+    ah_set_frame(L, s, -1);
+    lua_pop(L, 2);
+    ah_emit_id(L, st, AH_BEFORE, id);
+    lua_getupvalue(L, 1, AH_NUP + 1); /* T_CB */
+  } else {
+    st->slots[s].id = 0;
+    st->slots[s].trigger = 0;
+    lua_pushnil(L);
+    ah_set_resource(L, s, -1);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_set_frame(L, s, -1);
+    lua_pop(L, 2);
+    lua_pushvalue(L, 1);
+  }
+  return 6;
 }
 
-/* leave(res, frame, id, trigger, depth): `after` for trampolines an error
-** unwound, restore, flush */
+/* leave(res, frame, id, trigger, depth, cb): `after` for the callback's
+** trampoline and any the error unwound, its destroy when one-shot,
+** restore, flush */
 static int l_leave(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
@@ -375,6 +406,12 @@ static int l_leave(lua_State *L) {
     ah_emit_id(L, st, AH_AFTER, id);
     cb_pop(st);
     st->active--;
+  }
+  if (lua_tocfunction(L, 6) == tramp && st->nhooks[AH_DESTROY]) {
+    lua_getupvalue(L, 6, AH_NUP + 7); /* T_ONESHOT */
+    lua_getupvalue(L, 6, AH_NUP + 5); /* T_ID */
+    if (lua_toboolean(L, -2)) ah_queue_destroy(st, lua_tointeger(L, -1));
+    lua_pop(L, 2);
   }
   s = ah_slot_of(L, st);
   st->slots[s].id = lua_tointeger(L, 3);
@@ -386,6 +423,8 @@ static int l_leave(lua_State *L) {
   return 0;
 }
 
+#define NSAVED 7 /* lv res frame id trigger depth cb */
+
 static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
   int base, ret, top;
@@ -393,22 +432,27 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   lv = (ah_luv *)lua_touserdata(L, -1);
   base = lua_gettop(L) - nargs - 1; /* index of the callback */
   lua_getiuservalue(L, -1, 1);
-  if (lua_pcall(L, 0, 5, 0) != LUA_OK) { /* out of memory: run it bare */
+  lua_pushvalue(L, base);
+  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory: run it bare */
     lua_settop(L, base + nargs);
-    return lv->orig(L, nargs, nresults, flags);
+    return lv->orig(L, nargs, nresults, flags | lv->flags);
   }
-  lua_rotate(L, base, 6); /* [lv res frame id trig depth cb args] */
+  /* [cb args lv res frame id trig depth fn] -> [fn args lv ... depth cb] */
+  lua_pushvalue(L, base);
+  lua_copy(L, -2, base);
+  lua_remove(L, -2);
+  lua_rotate(L, base, NSAVED); /* [lv res frame id trig depth cb fn args] */
   ret = lv->orig(L, nargs, nresults, flags | lv->flags);
   top = lua_gettop(L);
   lua_getiuservalue(L, base, 2);
-  for (int i = 1; i <= 5; i++) lua_pushvalue(L, base + i);
-  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
+  for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
+  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) {
     lua_warning(L, "async_hooks: could not restore the context after a luv callback: ", 1);
     lua_warning(L, lua_tostring(L, -1) ? lua_tostring(L, -1) : "?", 0);
     lua_pop(L, 1);
   }
-  lua_rotate(L, base, top - base - 5); /* drop our 6 values below results */
-  lua_settop(L, top - 6);
+  lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
+  lua_settop(L, top - NSAVED);
   return ret;
 }
 
@@ -427,7 +471,7 @@ static int l_luv_attach(lua_State *L) {
   lv->st = st;
   lv->flags = 0;
   ah_push_shared(L);
-  lua_pushcclosure(L, l_enter_root, AH_NUP);
+  lua_pushcclosure(L, l_enter, AH_NUP);
   lua_setiuservalue(L, -2, 1);
   ah_push_shared(L);
   lua_pushcclosure(L, l_leave, AH_NUP);

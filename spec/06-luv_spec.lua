@@ -1,0 +1,558 @@
+local uv = require("luv") -- on the main thread, before anything else
+local ah = require("async_hooks")
+local H = require("helpers")
+local AsyncLocal = ah.AsyncLocal
+
+-- Every test runs the loop until it is empty; handles are closed.
+local function run_loop()
+  uv.run()
+end
+
+local function tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(content)
+  f:close()
+  return path
+end
+
+describe("luv integration", function()
+  local hooks = {}
+  local function track(h) hooks[#hooks + 1] = h; return h end
+  before_each(function() ah.install() end)
+  after_each(function()
+    for _, h in ipairs(hooks) do h:disable() end
+    hooks = {}
+    ah.uninstall()
+  end)
+
+  it("install patches luv; uninstall restores every original function", function()
+    ah.uninstall()
+    local before = {}
+    for k, f in pairs(uv) do before[k] = f end
+    local timer_mt = getmetatable(uv.new_timer())
+    local tcp_mt = debug.getregistry().uv_tcp
+    local tstart, twrite = timer_mt.__index.start, tcp_mt.__index.write
+    ah.install()
+    assert.is_true(ah.core.luv_attached())
+    assert.are_not.equal(before.timer_start, uv.timer_start)
+    assert.are_not.equal(before.fs_read, uv.fs_read)
+    assert.equal(uv.timer_start, timer_mt.__index.start)
+    assert.equal(uv.write, tcp_mt.__index.write)
+    assert.equal(before.timer_stop, uv.timer_stop) -- no callback: untouched
+    assert.equal(before.try_write, uv.try_write)
+    ah.install() -- idempotent
+    ah.uninstall()
+    assert.is_false(ah.core.luv_attached())
+    for k, f in pairs(before) do assert.equal(f, uv[k], k) end
+    assert.equal(tstart, timer_mt.__index.start)
+    assert.equal(twrite, tcp_mt.__index.write)
+    ah.install()
+    run_loop()
+  end)
+
+  it("covers every callback-taking luv function", function()
+    local covered = {}
+    for _, name in ipairs(ah.luv_covered) do covered[name] = true end
+    for _, name in ipairs { "timer_start", "idle_start", "prepare_start", "check_start", "new_async",
+      "poll_start", "signal_start", "signal_start_oneshot", "fs_event_start", "fs_poll_start", "listen",
+      "read_start", "udp_recv_start", "spawn", "close", "tcp_close_reset", "write", "write2", "shutdown",
+      "tcp_connect", "pipe_connect", "udp_send", "getaddrinfo", "getnameinfo", "random", "new_work",
+      "fs_read", "fs_write", "fs_opendir", "fs_open", "fs_close", "fs_stat", "fs_scandir" } do
+      assert.is_true(covered[name], name)
+      if uv[name] then assert.are_not.equal(nil, uv[name]) end
+    end
+  end)
+
+  it("nested timers under different run values each see their own", function()
+    local v = AsyncLocal.new { default = "none" }
+    local seen = {}
+    for i = 1, 5 do
+      v:run("r" .. i, function()
+        local t = uv.new_timer()
+        t:start(5 * (6 - i), 0, function()
+          seen[#seen + 1] = v:get()
+          local t2 = uv.new_timer()
+          uv.timer_start(t2, 1, 0, function()
+            seen[#seen + 1] = v:get() .. "/inner"
+            t2:close()
+          end)
+          t:close()
+        end)
+      end)
+    end
+    assert.equal("none", v:get())
+    run_loop()
+    table.sort(seen)
+    assert.same({ "r1", "r1/inner", "r2", "r2/inner", "r3", "r3/inner", "r4", "r4/inner", "r5", "r5/inner" }, seen)
+    assert.equal("none", v:get())
+  end)
+
+  it("a set in one callback is not visible in the next unrelated one", function()
+    local v = AsyncLocal.new { default = "clean" }
+    local second
+    local a, b = uv.new_timer(), uv.new_timer()
+    a:start(1, 0, function() v:set("dirty"); a:close() end)
+    b:start(20, 0, function() second = v:get(); b:close() end)
+    run_loop()
+    assert.equal("clean", second)
+    assert.equal("clean", v:get())
+  end)
+
+  it("callbacks run in the root context when nothing was captured", function()
+    -- in a fresh process: nothing has made the library observe anything yet
+    local code, out = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "d" }
+      local t = uv.new_timer()
+      t:start(1, 0, function() print(ah.executionAsyncId(), ah.triggerAsyncId(), v:get()); t:close() end)
+      v:run("outer", function() uv.run() end) -- uv.run inside a scope
+      print(v:get())
+    ]])
+    assert.equal(0, code)
+    assert.equal("0\t0\td\nd\n", out)
+  end)
+
+  it("ids: a tracked callback has its own asyncId, triggered by the registering context", function()
+    local v = AsyncLocal.new()
+    local cid, ctrig, outer
+    local t = uv.new_timer()
+    local c = coroutine.wrap(function()
+      outer = ah.executionAsyncId()
+      v:run(1, function()
+        t:start(1, 0, function() cid, ctrig = ah.executionAsyncId(), ah.triggerAsyncId(); t:close() end)
+      end)
+    end)
+    c()
+    run_loop()
+    assert.equal(outer, ctrig)
+    assert.is_true(cid > outer)
+    assert.equal(1, ah.executionAsyncId())
+  end)
+
+  it("repeating timers and timer:again keep the registration's context", function()
+    local v = AsyncLocal.new()
+    local seen = {}
+    local t = uv.new_timer()
+    v:run("rep", function()
+      t:start(1, 1, function()
+        seen[#seen + 1] = v:get()
+        if #seen == 3 then t:stop() end
+      end)
+    end)
+    run_loop()
+    assert.same({ "rep", "rep", "rep" }, seen)
+    t:set_repeat(1)
+    v:run("other", function() t:again() end)
+    local n = 0
+    local stopper = uv.new_timer()
+    stopper:start(10, 0, function() t:close(); stopper:close() end)
+    seen = {}
+    run_loop()
+    assert.is_true(#seen >= 1)
+    for _, s in ipairs(seen) do assert.equal("rep", s); n = n + 1 end
+  end)
+
+  it("fs open/read/close chains keep the context (both callback positions of fs_read)", function()
+    local path = tmpfile("hello world")
+    local v = AsyncLocal.new()
+    local out = {}
+    v:run("fs", function()
+      uv.fs_open(path, "r", 438, function(err, fd)
+        assert.is_nil(err)
+        out[#out + 1] = v:get()
+        uv.fs_read(fd, 5, 0, function(err2, data)
+          out[#out + 1] = v:get() .. ":" .. data
+          uv.fs_read(fd, 5, function(err3, data2) -- offset omitted
+            out[#out + 1] = v:get() .. ":" .. tostring(data2)
+            uv.fs_close(fd, function()
+              out[#out + 1] = v:get() .. ":closed"
+            end)
+          end)
+        end)
+      end)
+    end)
+    run_loop()
+    os.remove(path)
+    assert.same({ "fs", "fs:hello", "fs:hello", "fs:closed" }, out)
+  end)
+
+  it("synchronous fs calls are untouched", function()
+    local path = tmpfile("abc")
+    local fd = assert(uv.fs_open(path, "r", 438))
+    assert.equal("abc", uv.fs_read(fd, 3, 0))
+    assert.is_true(uv.fs_close(fd))
+    assert.equal(3, uv.fs_stat(path).size)
+    os.remove(path)
+  end)
+
+  it("TCP echo server: 50 concurrent clients each see only their own value", function()
+    local v = AsyncLocal.new()
+    local server = uv.new_tcp()
+    assert(server:bind("127.0.0.1", 0))
+    local port = server:getsockname().port
+    local server_saw = {}
+    server:listen(128, function(err)
+      assert.is_nil(err)
+      local client = uv.new_tcp()
+      server:accept(client)
+      client:read_start(function(err2, data)
+        if data then
+          server_saw[#server_saw + 1] = v:get() -- the server's context: nil
+          client:write(data)
+        else
+          client:close()
+        end
+      end)
+    end)
+    local results, done = {}, 0
+    for i = 1, 50 do
+      v:run("client" .. i, function()
+        local c = uv.new_tcp()
+        c:connect("127.0.0.1", port, function(err)
+          assert.is_nil(err)
+          c:write("ping" .. i, function(werr)
+            assert.is_nil(werr)
+            assert.equal("client" .. i, v:get())
+          end)
+          c:read_start(function(rerr, data)
+            assert.is_nil(rerr)
+            if data then
+              results[i] = { v:get(), data }
+              c:shutdown(function()
+                assert.equal("client" .. i, v:get())
+                c:close(function()
+                  done = done + 1
+                  if done == 50 then server:close() end
+                end)
+              end)
+            end
+          end)
+        end)
+      end)
+    end
+    run_loop()
+    assert.equal(50, done)
+    for i = 1, 50 do
+      assert.same({ "client" .. i, "ping" .. i }, results[i])
+    end
+    for _, s in ipairs(server_saw) do assert.is_nil(s) end
+  end)
+
+  it("UDP send and receive", function()
+    local v = AsyncLocal.new()
+    local rx = uv.new_udp()
+    assert(rx:bind("127.0.0.1", 0))
+    local port = rx:getsockname().port
+    local got
+    v:run("receiver", function()
+      rx:recv_start(function(err, data)
+        if data then
+          got = { v:get(), data }
+          rx:close()
+        end
+      end)
+    end)
+    local tx = uv.new_udp()
+    local sent
+    v:run("sender", function()
+      tx:send("datagram", "127.0.0.1", port, function(err)
+        sent = v:get()
+        tx:close()
+      end)
+    end)
+    run_loop()
+    assert.same({ "receiver", "datagram" }, got)
+    assert.equal("sender", sent)
+  end)
+
+  it("pipes: connect, write, read", function()
+    local v = AsyncLocal.new()
+    local path = os.tmpname()
+    os.remove(path)
+    local server = uv.new_pipe(false)
+    assert(server:bind(path))
+    local got
+    v:run("srv", function()
+      server:listen(8, function()
+        local c = uv.new_pipe(false)
+        server:accept(c)
+        c:read_start(function(err, data)
+          if data then got = { v:get(), data } else c:close(); server:close() end
+        end)
+      end)
+    end)
+    local connected
+    v:run("cli", function()
+      local p = uv.new_pipe(false)
+      p:connect(path, function(err)
+        connected = v:get()
+        p:write("via pipe", function() p:close() end)
+      end)
+    end)
+    run_loop()
+    os.remove(path)
+    assert.equal("cli", connected)
+    assert.same({ "srv", "via pipe" }, got)
+  end)
+
+  it("getaddrinfo('localhost'), getnameinfo and random", function()
+    local v = AsyncLocal.new()
+    local seen = {}
+    v:run("dns", function()
+      uv.getaddrinfo("localhost", nil, { socktype = "stream" }, function(err, res)
+        assert.is_nil(err)
+        assert.is_true(#res > 0)
+        seen[#seen + 1] = v:get()
+      end)
+      uv.getnameinfo({ ip = "127.0.0.1", port = 80 }, function(err)
+        seen[#seen + 1] = v:get()
+      end)
+      uv.random(8, nil, function(err, bytes)
+        assert.equal(8, #bytes)
+        seen[#seen + 1] = v:get()
+      end)
+    end)
+    run_loop()
+    assert.same({ "dns", "dns", "dns" }, seen)
+  end)
+
+  it("spawn of `true`: the exit callback keeps the context", function()
+    local v = AsyncLocal.new()
+    local got
+    v:run("child", function()
+      local handle
+      handle = uv.spawn("true", {}, function(code, signal)
+        got = { v:get(), code, signal }
+        handle:close()
+      end)
+      assert.truthy(handle)
+    end)
+    run_loop()
+    assert.same({ "child", 0, 0 }, got)
+  end)
+
+  it("new_async + async_send, idle, check and prepare", function()
+    local v = AsyncLocal.new()
+    local seen = {}
+    local async
+    v:run("async", function()
+      async = uv.new_async(function(x)
+        seen[#seen + 1] = v:get() .. ":" .. tostring(x)
+        async:close()
+      end)
+    end)
+    local idle, check, prepare = uv.new_idle(), uv.new_check(), uv.new_prepare()
+    v:run("idle", function()
+      idle:start(function() seen[#seen + 1] = v:get(); idle:stop(); idle:close() end)
+    end)
+    v:run("check", function()
+      check:start(function() seen[#seen + 1] = v:get(); check:stop(); check:close() end)
+    end)
+    v:run("prepare", function()
+      uv.prepare_start(prepare, function() seen[#seen + 1] = v:get(); prepare:stop(); prepare:close() end)
+    end)
+    async:send("42")
+    run_loop()
+    table.sort(seen)
+    assert.same({ "async:42", "check", "idle", "prepare" }, seen)
+  end)
+
+  it("callable tables work where luv accepts them", function()
+    local v = AsyncLocal.new()
+    local got
+    local cb = setmetatable({}, { __call = function(self, err, st) got = { v:get(), type(st) } end })
+    v:run("callable", function() uv.fs_stat("/", cb) end)
+    run_loop()
+    assert.same({ "callable", "table" }, got)
+  end)
+
+  it("callbacks registered before install() keep working", function()
+    ah.uninstall()
+    local v = AsyncLocal.new()
+    local fired = 0
+    local t = uv.new_timer()
+    v:run("old", function()
+      t:start(5, 1, function()
+        fired = fired + 1
+        if fired == 2 then t:close() end
+      end)
+    end)
+    ah.install()
+    run_loop()
+    assert.equal(2, fired)
+  end)
+
+  it("handles closed inside their own callbacks", function()
+    local v = AsyncLocal.new()
+    local closes = {}
+    for i = 1, 10 do
+      v:run(i, function()
+        local t = uv.new_timer()
+        t:start(1, 1, function()
+          t:close(function() closes[#closes + 1] = v:get() end)
+        end)
+      end)
+    end
+    run_loop()
+    table.sort(closes)
+    assert.same({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, closes)
+  end)
+
+  it("luv argument errors read as they do without the library", function()
+    local ok, err = pcall(function() uv.new_timer():start(nil) end)
+    assert.is_false(ok)
+    assert.matches("06%-luv_spec.lua:%d+: bad argument #1 to 'start' %(number expected, got nil%)", err)
+    ok, err = pcall(uv.timer_start, nil)
+    assert.matches("bad argument #1 to 'luv.timer_start' %(uv_timer expected, got nil%)", err)
+    run_loop()
+  end)
+
+  describe("with hooks", function()
+    it("init types, before/after per callback, destroy after one-shot requests", function()
+      local events, types = {}, {}
+      track(ah.createHook {
+        init = function(id, type, trigger, res) types[id] = type; events[#events + 1] = "init " .. type end,
+        before = function(id) events[#events + 1] = "before " .. types[id] end,
+        after = function(id) events[#events + 1] = "after " .. types[id] end,
+        destroy = function(id) if types[id] then events[#events + 1] = "destroy " .. types[id] end end,
+      }):enable()
+      local t = uv.new_timer()
+      t:start(1, 0, function()
+        uv.fs_stat("/", function() end)
+      end)
+      run_loop()
+      t:close()
+      run_loop()
+      local s = table.concat(events, ",")
+      assert.matches("init uv_timer,before uv_timer,init uv_fs,after uv_timer", s, 1, true)
+      assert.matches("before uv_fs,after uv_fs,destroy uv_fs", s, 1, true)
+      assert.matches("destroy uv_timer", s, 1, true)
+    end)
+
+    it("executionAsyncResource is the init resource, with the handle", function()
+      local res = {}
+      local ok = true
+      track(ah.createHook {
+        init = function(id, type, trigger, r) res[id] = r end,
+        before = function(id) ok = ok and ah.executionAsyncResource() == res[id] end,
+      }):enable()
+      local t = uv.new_timer()
+      local inside
+      t:start(1, 0, function() inside = ah.executionAsyncResource(); t:close() end)
+      run_loop()
+      assert.is_true(ok)
+      assert.equal(t, inside.handle)
+    end)
+
+    it("a replaced handle callback is destroyed; closing destroys the last one", function()
+      local destroyed, inits = {}, {}
+      track(ah.createHook {
+        init = function(id, type) inits[#inits + 1] = id end,
+        destroy = function(id) destroyed[#destroyed + 1] = id end,
+      }):enable()
+      local t = uv.new_timer()
+      t:start(1000, 0, function() end)
+      t:start(1000, 0, function() end) -- replaces
+      run_loop() -- a timer of 1 s would block: stop it
+      t:stop()
+      t:close()
+      run_loop()
+      assert.equal(2, #inits)
+      assert.same({ inits[1], inits[2] }, destroyed)
+    end)
+
+    it("untracked registrations: a hook enabled later sees no events for them", function()
+      local code, out = H.run_lua([[
+        local uv = require("luv")
+        local ah = require("async_hooks").install()
+        local t = uv.new_timer()
+        local id
+        t:start(5, 0, function() id = ah.executionAsyncId(); t:close() end) -- nothing observable
+        local events = 0
+        ah.createHook {
+          before = function() events = events + 1 end,
+          after = function() events = events + 1 end,
+        }:enable()
+        uv.run()
+        print(id, events)
+        -- registered now, with a hook enabled: tracked
+        local t2 = uv.new_timer()
+        t2:start(1, 0, function() id = ah.executionAsyncId(); t2:close() end)
+        uv.run()
+        print(id > 1, events)
+      ]])
+      assert.equal(0, code)
+      assert.equal("0\t0\ntrue\t2\n", out)
+    end)
+
+    it("queued destroys are delivered on the next loop iteration", function()
+      local destroyed = {}
+      track(ah.createHook { destroy = function(id) destroyed[id] = true end }):enable()
+      local id = ah.AsyncResource.new("gc-me"):asyncId()
+      H.gc()
+      assert.is_nil(destroyed[id])
+      local t = uv.new_timer()
+      t:start(1, 0, function() t:close() end)
+      run_loop()
+      assert.is_true(destroyed[id])
+    end)
+
+    it("an error in a callback restores the context and emits after", function()
+      ah.core.luv_flags(1 + 4) -- luv: no exit, no message
+      local v = AsyncLocal.new { default = "clean" }
+      local log = {}
+      track(ah.createHook {
+        before = function(id) log[#log + 1] = "before" end,
+        after = function(id) log[#log + 1] = "after" end,
+      }):enable()
+      local t, t2 = uv.new_timer(), uv.new_timer()
+      local later
+      v:run("ctx", function()
+        t:start(1, 0, function() t:close(); v:set("dirty"); error("callback failed") end)
+      end)
+      t2:start(20, 0, function() later = v:get(); t2:close() end)
+      run_loop()
+      ah.core.luv_flags(0)
+      assert.equal("clean", later)
+      assert.equal("clean", v:get())
+      assert.equal(1, ah.executionAsyncId())
+      assert.equal(0, ah.core.stats().active)
+      -- the failing callback and the later one, each balanced
+      assert.same({ "before", "after", "before", "after" }, log)
+    end)
+  end)
+
+  it("an error in a callback keeps luv's behaviour: message, traceback, exit status", function()
+    local script = [[
+      local uv = require("luv")
+      %s
+      local t = uv.new_timer()
+      t:start(1, 0, function() error("boom in callback") end)
+      uv.run()
+    ]]
+    local code1, _, err1 = H.run_lua(script:format(""))
+    local code2, _, err2 = H.run_lua(script:format('require("async_hooks").install()'))
+    assert.equal(code1, code2)
+    assert.matches("Uncaught Error: .-boom in callback", err2)
+    assert.matches("stack traceback", err2)
+    local function norm(s) return (s:gsub("/tmp/lua_%w+", "F"):gsub("\n%s*%[C%]: in %?", "")) end
+    assert.equal(norm(err1):match("^[^\n]*"), norm(err2):match("^[^\n]*"))
+  end)
+
+  it("luv required after install() is integrated when it loads", function()
+    local code, out = H.run_lua([[
+      local ah = require("async_hooks").install()
+      local uv = require("luv")
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      v:run("late", function() t:start(1, 0, function() print(v:get()); t:close() end) end)
+      uv.run()
+      ah.uninstall()
+      print(package.preload.luv == nil)
+    ]])
+    assert.equal(0, code)
+    assert.equal("late\ntrue\n", out)
+  end)
+end)
