@@ -529,7 +529,9 @@ describe("luv integration", function()
       local uv = require("luv")
       %s
       local t = uv.new_timer()
-      t:start(1, 0, function() error("boom in callback") end)
+      local v = { run = function(_, _, f) return f() end }
+      if package.loaded.async_hooks then v = package.loaded.async_hooks.AsyncLocal.new() end
+      v:run(1, function() t:start(1, 0, function() error("boom in callback") end) end)
       uv.run()
     ]]
     local code1, _, err1 = H.run_lua(script:format(""))
@@ -537,8 +539,9 @@ describe("luv integration", function()
     assert.equal(code1, code2)
     assert.matches("Uncaught Error: .-boom in callback", err2)
     assert.matches("stack traceback", err2)
-    local function norm(s) return (s:gsub("/tmp/lua_%w+", "F"):gsub("\n%s*%[C%]: in %?", "")) end
-    assert.equal(norm(err1):match("^[^\n]*"), norm(err2):match("^[^\n]*"))
+    -- the same text, traceback included: the trampoline adds no frame
+    local function norm(s) return (s:gsub("/tmp/lua_%w+", "F")) end
+    assert.equal(norm(err1), norm(err2))
   end)
 
   it("luv required after install() is integrated when it loads", function()
