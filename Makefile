@@ -17,17 +17,16 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 all: build
 
 deps:
-	sudo -n true 2>/dev/null && SUDO=sudo || SUDO=; \
-	$$SUDO apt-get install -y lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks cmake wrk
+	@./.ci/deps
 
-build:
+build: deps
 	rm -rf build.luarocks
 	$(LUAROCKS) --tree $(TREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
 
 test: build
 	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
 
-asan:
+asan: deps
 	rm -rf build.luarocks
 	$(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
 	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
