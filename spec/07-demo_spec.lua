@@ -4,7 +4,7 @@ describe("the demo server", function()
   it("answers concurrent requests and every log line carries its own request id", function()
     local code, out, err = H.run_lua('arg = {[0] = "examples/demo.lua", "6"}; dofile("examples/demo.lua")')
     assert.equal(0, code, err)
-    assert.matches("6 requests, 33 log lines: every line carries its own request's id", out, 1, true)
+    assert.matches("6 requests, 35 log lines: every line carries its own request's id", out, 1, true)
     for i = 1, 6 do
       local id = ("req-%02d"):format(i)
       assert.matches(("[req %s] upstream answered pong:%s"):format(id, id), out, 1, true)
