@@ -14,3 +14,19 @@ describe("the demo server", function()
     assert.not_matches("MISMATCH", out)
   end)
 end)
+
+describe("the async-resource pattern example", function()
+  it("carries the id both ways into coroutines and plain callbacks", function()
+    local code, out, err = H.run_lua('dofile("examples/resource_pattern.lua")')
+    assert.equal(0, code, err)
+    for i = 1, 3 do
+      for _, way in ipairs { "AsyncLocal  ", "resource fld" } do
+        for _, where in ipairs { "after sleep", "in a timer callback" } do
+          assert.matches(("[%s r%d] %s"):format(way, i, where), out, 1, true)
+        end
+      end
+    end
+    local n = select(2, out:gsub("\n", ""))
+    assert.equal(12, n)
+  end)
+end)
