@@ -22,6 +22,15 @@
 #define ah_closethread(co, from) ((void)(from), lua_resetthread(co))
 #endif
 
+/* the module's one exported symbol (everything else is hidden) */
+#if defined(__GNUC__) || defined(__clang__)
+#define AH_EXPORT __attribute__((visibility("default")))
+#elif defined(_WIN32)
+#define AH_EXPORT __declspec(dllexport)
+#else
+#define AH_EXPORT
+#endif
+
 /* One pointer-sized raw slot per lua_State.  async_hooks stores the index
 ** of the thread's context slot there (never a pointer, so a value that was
 ** never written by us cannot be dereferenced). */

@@ -33,7 +33,7 @@ enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 #define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
 #define AH_UV_T lua_upvalueindex(4) /* thread -> record (weak keys) */
 #define AH_UV_AUX lua_upvalueindex(5) /* strong table of internals */
-#define AH_UV_W lua_upvalueindex(6) /* slot -> thread record (weak values) */
+#define AH_UV_TH lua_upvalueindex(6) /* slot -> thread (weak values) */
 #define AH_NUP 6
 
 /* integer keys of the aux table */
@@ -41,12 +41,14 @@ enum {
   AUX_EMPTY = 1, /* the empty frame */
   AUX_FRAME_MT,  /* metatable of frames */
   AUX_TOP,       /* executionAsyncResource() at top level */
-  AUX_REC_MT,    /* metatable of thread records */
+  AUX_REC_MT,    /* metatable of coroutine finalizer tokens */
   AUX_GUARD_MT,  /* metatable of scope guards */
   AUX_GCTOK_MT,  /* metatable of GC destroy tokens */
   AUX_ORDER,     /* enabled hooks, in enable order */
   AUX_LISTS,     /* {init fns, before fns, after fns, destroy fns} */
-  AUX_MAINREC,   /* record of the main thread */
+  AUX_TR,        /* thread -> resource (weak keys) */
+  AUX_TG,        /* thread -> innermost open scope guard (weak keys) */
+  AUX_TGC,       /* thread -> finalizer token (weak keys) */
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
   AUX_N
@@ -58,12 +60,12 @@ typedef struct ah_slot {
   lua_Integer trigger; /* current triggerAsyncId */
   lua_Integer base_id; /* the thread's own asyncId (coroutine resource) */
   lua_Integer base_trigger;
-  void *rec;           /* the thread's record (valid while L is alive) */
+  void *gctok;          /* finalizer token (has_gc), valid while L lives */
   int next_free;
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* the record has a finalizer that frees the slot */
-  unsigned char mark;      /* sweep */
+  unsigned char anchored;  /* A_FRAME / A_RES anchors are set */
 } ah_slot;
 
 typedef struct ah_state {
@@ -81,6 +83,7 @@ typedef struct ah_state {
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
   int closed;                /* state finalized (lua_close) */
+  const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
   lua_Integer *cb;           /* native stack of entered luv trampolines */
@@ -91,7 +94,8 @@ typedef struct ah_state {
 
 #define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
 
-/* slots.c */
+/* stack.c */
+#define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
 int ah_slot_slow(lua_State *L, ah_state *st);
 static inline int ah_slot_of(lua_State *L, ah_state *st) {
   uintptr_t s = ah_extra(L);
@@ -100,13 +104,13 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
 }
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
-int ah_released(lua_State *L, int thread_idx);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
-void ah_push_rec(lua_State *L, int s);
+void ah_get_guard(lua_State *L, int thread_idx);
+void ah_set_guard(lua_State *L, int idx);
 void ah_push_shared(lua_State *L);
 void ah_open_slots(lua_State *L);
 extern const luaL_Reg ah_slot_funcs[];

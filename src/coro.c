@@ -50,7 +50,7 @@ static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
   uintptr_t cs = ah_extra(co);
   int s;
   if (cs < (uintptr_t)st->cap && st->slots[cs].L == co) return (int)cs;
-  if (ah_released(L, co_idx)) return -1;
+  if (cs == AH_RELEASED) return -1;
   s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s);
   cs = (uintptr_t)ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
@@ -97,8 +97,7 @@ static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
   }
-  co_idx = lua_absindex(L, co_idx);
-  cs = co_slot(L, st, co, co_idx);
+  cs = co_slot(L, st, co, co_idx); /* co_idx: 1 or an upvalue: absolute */
   hooks = (st->nhooks[AH_BEFORE] | st->nhooks[AH_AFTER] |
            st->nhooks[AH_DESTROY]) && cs >= 0 && suspended(co);
   if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);

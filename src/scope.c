@@ -10,7 +10,7 @@
 ** is closed; the scope spans yields because it lives in the coroutine's own
 ** stack.  Scopes entered from Lua nest without C-stack limits.
 **
-** Inside a coroutine the open guards form a chain (record user value 3,
+** Inside a coroutine the open guards form a chain (AUX_TG[thread], then
 ** guard user value 3), so that when hooks are enabled a yield can emit
 ** `after` for every open scope (innermost first) and the next resume
 ** `before` again (outermost first): before/after stay properly nested even
@@ -54,12 +54,9 @@ static int l_enter_scope(lua_State *L) {
   lua_pushvalue(L, 3);
   lua_setiuservalue(L, 5, G_RES);
   if (!g->on_main) { /* link into the coroutine's chain */
-    ah_push_rec(L, s); /* 6 */
-    lua_getiuservalue(L, 6, 3);
+    ah_get_guard(L, 0);
     lua_setiuservalue(L, 5, G_PREV_GUARD);
-    lua_pushvalue(L, 5);
-    lua_setiuservalue(L, 6, 3);
-    lua_pop(L, 1);
+    ah_set_guard(L, 5);
   }
   /* nothing below can fail: switch */
   st->slots[s].id = id;
@@ -90,9 +87,8 @@ static int guard_close(lua_State *L) {
     st->active--;
     ah_flush_maybe(L, st);
   } else { /* unlink */
-    ah_push_rec(L, s);
     lua_getiuservalue(L, 1, G_PREV_GUARD);
-    lua_setiuservalue(L, -2, 3);
+    ah_set_guard(L, -1);
     lua_pop(L, 1);
   }
   return 0;
@@ -126,15 +122,7 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
 ** first for after. */
 void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
   int n = 0, i, base;
-  co_idx = lua_absindex(L, co_idx);
-  lua_pushvalue(L, co_idx);
-  lua_rawget(L, AH_UV_T);
-  if (lua_type(L, -1) != LUA_TUSERDATA) {
-    lua_pop(L, 1);
-    return;
-  }
-  lua_getiuservalue(L, -1, 3);
-  lua_remove(L, -2);
+  ah_get_guard(L, co_idx);
   base = lua_gettop(L); /* innermost guard; outermost at base + n - 1 */
   while (lua_type(L, -1) == LUA_TUSERDATA) {
     n++;

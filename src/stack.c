@@ -17,11 +17,6 @@
 
 static char ah_key; /* registry[&ah_key] = module table */
 
-typedef struct ah_rec {
-  ah_state *st;
-  int slot; /* -1 when not (or no longer) holding a slot */
-} ah_rec;
-
 /* --------------------------------------------------------------------- */
 /* slot allocation                                                        */
 
@@ -92,76 +87,155 @@ static void free_slot(ah_state *st, int s) {
 }
 
 /* --------------------------------------------------------------------- */
-/* thread records                                                         */
+/* thread anchors                                                         */
 
-/* Give slot s back: F[s] and R[s] are cleared, the record forgets it. */
+/* A slot's Lua values live in weak tables indexed by slot (F frames, R
+** resources, TH the thread itself), so nothing there keeps a thread
+** alive.  What keeps them alive as long as their thread is an ephemeron
+** entry keyed by the thread: T[thread] = frame, AUX_TR[thread] = resource,
+** AUX_TG[thread] = innermost open scope guard.  A frame that refers to its
+** own coroutine therefore does not leak.  The empty frame needs no anchor,
+** so a coroutine created where no value is set costs no hash insertion. */
+
+enum { A_FRAME = 1, A_RES = 2 };
+
+/* eph[thread] = value at idx (nil removes); thread_idx 0: the running one */
+static void eph_set(lua_State *L, int eph, int thread_idx, int idx) {
+  if (thread_idx)
+    lua_pushvalue(L, thread_idx);
+  else
+    lua_pushthread(L);
+  lua_pushvalue(L, idx);
+  lua_rawset(L, eph);
+}
+
+static void aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
+  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  idx = lua_absindex(L, idx);
+  lua_rawgeti(L, AH_UV_AUX, key);
+  eph_set(L, lua_gettop(L), thread_idx, idx);
+  lua_pop(L, 1);
+}
+
+/* push the guard chain head of a thread (thread_idx 0: the running one) */
+void ah_get_guard(lua_State *L, int thread_idx) {
+  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TG);
+  if (thread_idx)
+    lua_pushvalue(L, thread_idx);
+  else
+    lua_pushthread(L);
+  lua_rawget(L, -2);
+  lua_remove(L, -2);
+}
+
+void ah_set_guard(lua_State *L, int idx) {
+  aux_eph_set(L, AUX_TG, 0, idx);
+}
+
+static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
+                         int idx) {
+  ah_slot *sl = &st->slots[s];
+  idx = lua_absindex(L, idx);
+  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, AH_UV_F, s);
+  if (lua_topointer(L, idx) != st->empty) {
+    eph_set(L, AH_UV_T, thread_idx, idx);
+    sl->anchored |= A_FRAME;
+  } else if (sl->anchored & A_FRAME) {
+    lua_pushnil(L);
+    eph_set(L, AH_UV_T, thread_idx, lua_gettop(L));
+    lua_pop(L, 1);
+    sl->anchored &= ~A_FRAME;
+  }
+}
+
+static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
+                            int idx) {
+  ah_slot *sl = &st->slots[s];
+  idx = lua_absindex(L, idx);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, AH_UV_R, s);
+  if (!lua_isnil(L, idx) || (sl->anchored & A_RES)) {
+    aux_eph_set(L, AUX_TR, thread_idx, idx);
+    if (lua_isnil(L, idx))
+      sl->anchored &= ~A_RES;
+    else
+      sl->anchored |= A_RES;
+  }
+}
+
+/* make the value at idx the current frame of L (whose slot is s) */
+void ah_set_frame(lua_State *L, int s, int idx) {
+  set_frame_of(L, ah_st(L), s, 0, idx);
+}
+
+/* make the value at idx (possibly nil) the current resource of L */
+void ah_set_resource(lua_State *L, int s, int idx) {
+  set_resource_of(L, ah_st(L), s, 0, idx);
+}
+
+/* --------------------------------------------------------------------- */
+/* slot lifetime                                                          */
+
+/* finalizer token of a coroutine created while destroy hooks exist */
+typedef struct ah_cotok {
+  ah_state *st;
+  int slot; /* -1 once the slot was given back */
+} ah_cotok;
+
 static void clear(lua_State *L, int s) {
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_R, s);
   lua_pushnil(L);
-  lua_rawseti(L, AH_UV_W, s);
+  lua_rawseti(L, AH_UV_TH, s);
 }
 
-static void release(lua_State *L, ah_state *st, int s) {
-  ((ah_rec *)st->slots[s].rec)->slot = -1;
+/* The thread of slot s finished for good (returned, or was closed): its
+** slot is free for reuse at once, and the thread is marked released. */
+void ah_release(lua_State *L, ah_state *st, int s) {
+  ah_slot *sl = &st->slots[s];
+  if (sl->kind == AH_KMAIN) return;
+  if (sl->has_gc) ((ah_cotok *)sl->gctok)->slot = -1;
+  ah_extra(sl->L) = AH_RELEASED;
   clear(L, s);
   free_slot(st, s);
 }
 
-/* The thread of slot s finished for good (returned, or was closed): its
-** slot is free for reuse at once. */
-void ah_release(lua_State *L, ah_state *st, int s) {
-  if (st->slots[s].kind != AH_KMAIN) release(L, st, s);
-}
-
-/* 1 if the thread at thread_idx had a slot and gave it back */
-int ah_released(lua_State *L, int thread_idx) {
-  int r;
-  lua_pushvalue(L, thread_idx);
-  r = lua_rawget(L, AH_UV_T) == LUA_TUSERDATA &&
-      ((ah_rec *)lua_touserdata(L, -1))->slot < 0;
-  lua_pop(L, 1);
-  return r;
-}
-
-/* __gc of a thread record (only installed while destroy hooks exist, see
-** ah_register): the thread is gone.  Queue its destroy (a coroutine
-** collected while suspended) and give the slot back. */
-static int rec_gc(lua_State *L) {
-  ah_rec *rec = (ah_rec *)lua_touserdata(L, 1);
-  ah_state *st = rec->st;
-  int s = rec->slot;
+/* __gc of a coroutine token: the coroutine is gone.  Queue its destroy (a
+** coroutine collected while suspended) and give the slot back. */
+static int cotok_gc(lua_State *L) {
+  ah_cotok *tok = (ah_cotok *)lua_touserdata(L, 1);
+  ah_state *st = tok->st;
+  int s = tok->slot;
   if (s < 0 || st->closed) return 0;
+  tok->slot = -1;
   if (!st->slots[s].destroyed) {
     st->slots[s].destroyed = 1;
     if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
   }
-  release(L, st, s);
+  clear(L, s);
+  free_slot(st, s);
   return 0;
 }
 
-/* Records without a finalizer cost nothing to collect; the slots of their
-** dead threads are found by this sweep, run when the free lists are empty:
-** every slot that no live record (an entry of the ephemeron table T) claims
-** is free.  Returns the number of slots reclaimed. */
+/* Slots of threads that were collected without returning are found by this
+** sweep, run when the free lists are empty: a slot whose TH entry was
+** cleared by the collector is free.  Returns the number reclaimed. */
 static int sweep(lua_State *L, ah_state *st) {
   int i, freed = 0;
-  for (i = 0; i < st->cap; i++) st->slots[i].mark = 0;
-  lua_pushnil(L);
-  while (lua_next(L, AH_UV_T)) {
-    ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
-    if (r && r->slot >= 0) st->slots[r->slot].mark = 1;
-    lua_pop(L, 1);
-  }
   for (i = 0; i < st->cap; i++) {
     ah_slot *sl = &st->slots[i];
-    if (sl->L && !sl->mark && !sl->has_gc && sl->kind != AH_KMAIN) {
+    if (!sl->L || sl->has_gc || sl->kind == AH_KMAIN) continue;
+    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TNIL) {
       clear(L, i);
-      free_slot(st, i); /* its record is gone: do not touch it */
+      free_slot(st, i);
       freed++;
     }
+    lua_pop(L, 1);
   }
   return freed;
 }
@@ -169,44 +243,41 @@ static int sweep(lua_State *L, ah_state *st) {
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind) {
   lua_State *co;
-  ah_rec *rec;
+  ah_cotok *tok = NULL;
   ah_slot *sl;
   int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
   thread_idx = lua_absindex(L, thread_idx);
   frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
-  rec = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), 3);
-  rec->st = st;
-  rec->slot = -1;
-  if (has_gc) {
+  if (has_gc) { /* first: the only step here that can run finalizers */
+    tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
+    tok->st = st;
+    tok->slot = -1;
     lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
     lua_setmetatable(L, -2);
+    aux_eph_set(L, AUX_TGC, thread_idx, -1);
+    lua_pop(L, 1);
   }
-  lua_pushvalue(L, frame_idx);
-  lua_setiuservalue(L, -2, 1);
-  lua_pushvalue(L, thread_idx);
-  lua_pushvalue(L, -2);
-  lua_rawset(L, AH_UV_T); /* T[co] = rec */
   if (st->free_low < 0 && st->free_high < 0 &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
   s = alloc_slot(st);
-  rec->slot = s; /* from now on the record owns the slot */
-  sl = &st->slots[s];
-  sl->L = NULL; /* not valid until F[s] is set */
-  sl->rec = rec;
-  sl->has_gc = (unsigned char)has_gc;
-  sl->kind = (unsigned char)kind;
-  lua_pushvalue(L, frame_idx);
-  lua_rawseti(L, AH_UV_F, s); /* may allocate (and run finalizers) */
-  lua_rawseti(L, AH_UV_W, s); /* pops the record */
   sl = &st->slots[s];
   sl->L = co;
+  sl->gctok = tok;
+  sl->has_gc = (unsigned char)has_gc;
+  sl->kind = (unsigned char)kind;
   sl->destroyed = 0;
+  sl->anchored = 0;
   sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
   ah_extra(co) = (uintptr_t)s;
+  if (tok) tok->slot = s;
+  /* raw sets never run finalizers: nothing can reuse s meanwhile */
+  lua_pushvalue(L, thread_idx);
+  lua_rawseti(L, AH_UV_TH, s);
+  set_frame_of(L, st, s, thread_idx, frame_idx);
   return s;
 }
 
@@ -220,35 +291,6 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
   s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
   lua_pop(L, 2);
   return s;
-}
-
-/* Thread records hold, as user values: 1 the current frame, 2 the current
-** resource, 3 the innermost open scope guard (coroutines only). */
-
-void ah_push_rec(lua_State *L, int s) {
-  lua_rawgeti(L, AH_UV_W, s);
-}
-
-/* store the value at idx as F[s] (uvidx AH_UV_F, user value 1 of the
-** record) or R[s] (AH_UV_R, user value 2) */
-static void store(lua_State *L, int uvidx, int uv, int s, int idx) {
-  idx = lua_absindex(L, idx);
-  lua_pushvalue(L, idx);
-  lua_rawseti(L, uvidx, s);
-  lua_rawgeti(L, AH_UV_W, s);
-  lua_pushvalue(L, idx);
-  lua_setiuservalue(L, -2, uv);
-  lua_pop(L, 1);
-}
-
-/* make the value at idx the current frame of L (whose slot is s) */
-void ah_set_frame(lua_State *L, int s, int idx) {
-  store(L, AH_UV_F, 1, s, idx);
-}
-
-/* make the value at idx (possibly nil) the current resource of L */
-void ah_set_resource(lua_State *L, int s, int idx) {
-  store(L, AH_UV_R, 2, s, idx);
 }
 
 /* push the current resource of the thread at thread_idx (slot s),
@@ -265,7 +307,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   lua_createtable(L, 0, 1);
   lua_pushvalue(L, thread_idx);
   lua_setfield(L, -2, "thread");
-  store(L, AH_UV_R, 2, s, -1);
+  set_resource_of(L, st, s, thread_idx, -1);
 }
 
 void ah_push_resource(lua_State *L, ah_state *st, int s) {
@@ -392,7 +434,15 @@ static int build(lua_State *L) {
   mainL = lua_tothread(L, -1);
   st->mainL = mainL;
 
-  new_metatable(L, "async_hooks.record", rec_gc, AUX_REC_MT);
+  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_REC_MT);
+  for (i = AUX_TR; i <= AUX_TGC; i++) {
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawseti(L, AH_UV_AUX, i);
+  }
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_TOP);
   lua_newtable(L);
@@ -406,15 +456,16 @@ static int build(lua_State *L) {
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
   ah_open_frames(L); /* sets AUX_FRAME_MT and AUX_EMPTY */
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  st->empty = lua_topointer(L, -1);
+  lua_pop(L, 1);
   ah_open_hooks(L);
   ah_open_scope(L);
 
   /* the main thread: slot 0, asyncId 1, triggerAsyncId 0 */
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   ah_register(L, st, -2, -1, 0, AH_KMAIN);
-  lua_pop(L, 1);
-  lua_rawget(L, AH_UV_T); /* keep main's record strongly too */
-  lua_rawseti(L, AH_UV_AUX, AUX_MAINREC);
+  lua_pop(L, 2);
 
   lua_newtable(L);
   add_funcs(L, ah_slot_funcs);
@@ -434,7 +485,7 @@ static void weak_table(lua_State *L, const char *mode) {
   lua_setmetatable(L, -2);
 }
 
-LUAMOD_API int luaopen_async_hooks_core(lua_State *L) {
+AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
   ah_state *st;
   /* idempotent: busted re-runs luaopen_* in the same state */
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_key) == LUA_TTABLE) return 1;
@@ -449,7 +500,7 @@ LUAMOD_API int luaopen_async_hooks_core(lua_State *L) {
   weak_table(L, "v"); /* R */
   weak_table(L, "k"); /* T */
   lua_createtable(L, AUX_N, 0);
-  weak_table(L, "v"); /* W */
+  weak_table(L, "v"); /* TH */
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
   lua_pushvalue(L, -1);

@@ -70,7 +70,9 @@ AsyncLocal.__index = AsyncLocal
 -- @treturn AsyncLocal with fields `name` (`""` when not given) and `default`
 function AsyncLocal.new(opts)
   local name = check_opts(opts, "new")
-  return setmetatable({ newtoken(), name = name, default = opts and opts.default }, AsyncLocal)
+  local v = setmetatable({ newtoken(), name = name, default = opts and opts.default }, AsyncLocal)
+  v.get = core.get -- hot methods as own fields: one table lookup less per call
+  return v
 end
 
 --- The value in the current context, else `default`.  An explicit nil
@@ -116,7 +118,9 @@ AsyncLocalStorage.__index = AsyncLocalStorage
 function AsyncLocalStorage.new(opts)
   local name = check_opts(opts, "new")
   local dv = opts and opts.defaultValue
-  return setmetatable({ newtoken(), name = name, default = dv, defaultValue = dv }, AsyncLocalStorage)
+  local v = setmetatable({ newtoken(), name = name, default = dv, defaultValue = dv }, AsyncLocalStorage)
+  v.getStore = core.get
+  return v
 end
 
 --- The current store.

@@ -1,0 +1,69 @@
+--- Benchmark helpers: warm-up, median of several runs, ratios.
+local U = {}
+
+U.RUNS = tonumber(os.getenv("BENCH_RUNS")) or 5
+U.SCALE = tonumber(os.getenv("BENCH_SCALE")) or 1
+
+--- Median CPU seconds of `U.RUNS` runs of `f(n)` after one warm-up run.
+function U.time(f, n)
+  f(math.max(1, n // 10))
+  local t = {}
+  for i = 1, U.RUNS do
+    collectgarbage("collect")
+    local c = os.clock()
+    f(n)
+    t[i] = os.clock() - c
+  end
+  table.sort(t)
+  return t[(#t + 1) // 2]
+end
+
+--- Time several variants interleaved (a, b, c, a, b, c, ...) so that machine
+-- noise hits them alike; returns medians keyed by name.
+-- @param variants list of {name, f}
+function U.compare(variants, n)
+  local samples = {}
+  for _, v in ipairs(variants) do
+    v[2](math.max(1, n // 10)) -- warm-up
+    samples[v[1]] = {}
+  end
+  for _ = 1, U.RUNS do
+    for _, v in ipairs(variants) do
+      collectgarbage("collect")
+      local c = os.clock()
+      v[2](n)
+      table.insert(samples[v[1]], os.clock() - c)
+    end
+  end
+  local med = {}
+  for name, s in pairs(samples) do
+    table.sort(s)
+    med[name] = s[(#s + 1) // 2]
+  end
+  return med
+end
+
+function U.header(title)
+  print(("\n## %s"):format(title))
+end
+
+--- Print one result line: name, ns/op, ratio against the baseline.
+function U.line(name, secs, n, base, target)
+  local ns = secs / n * 1e9
+  local r = base and secs / base or nil
+  local verdict = ""
+  if target and r then verdict = (r <= target) and ("  (target <= %.2f: met)"):format(target)
+    or ("  (target <= %.2f: MISSED)"):format(target) end
+  print(("  %-44s %9.1f ns/op   %s%s"):format(name, ns, r and ("x%.3f"):format(r) or "baseline", verdict))
+  return r
+end
+
+function U.rss_kb()
+  local f = io.open("/proc/self/status")
+  if not f then return 0 end
+  local s = f:read("a")
+  f:close()
+  return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
+end
+
+return U
