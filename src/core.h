@@ -49,6 +49,8 @@ enum {
   AUX_TR,        /* thread -> resource (weak keys) */
   AUX_TG,        /* thread -> innermost open scope guard (weak keys) */
   AUX_TGC,       /* thread -> finalizer token (weak keys) */
+  AUX_MAINFRAME, /* anchor of the main thread's frame */
+  AUX_MAINRES,   /* anchor of the main thread's resource */
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
   AUX_N
@@ -65,7 +67,7 @@ typedef struct ah_slot {
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* the record has a finalizer that frees the slot */
-  unsigned char anchored;  /* A_FRAME / A_RES anchors are set */
+  unsigned char anchored;  /* A_FRAME: frame not empty; A_RES: resource set */
 } ah_slot;
 
 typedef struct ah_state {
@@ -82,6 +84,7 @@ typedef struct ah_state {
   int dirty;                 /* hook set changed during dispatch */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
+  int handles;               /* tracked luv handle registrations (upper bound) */
   int closed;                /* state finalized (lua_close) */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
@@ -93,6 +96,10 @@ typedef struct ah_state {
 } ah_state;
 
 #define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
+
+/* slot->anchored bits: the frame is not the empty one (and is anchored in
+** T), the resource is not nil (and is anchored in AUX_TR) */
+enum { A_FRAME = 1, A_RES = 2 };
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */

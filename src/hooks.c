@@ -22,7 +22,7 @@ static const char *const kind_names[AH_NKINDS + 1] = {
 /* the enabled set                                                         */
 
 static void rebuild(lua_State *L, ah_state *st) {
-  int k, i, n;
+  int k, i, n, had_destroy = st->nhooks[AH_DESTROY] != 0;
   lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
   n = (int)lua_rawlen(L, -1);
   lua_createtable(L, AH_NKINDS, 0);
@@ -43,6 +43,16 @@ static void rebuild(lua_State *L, ah_state *st) {
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
   lua_pop(L, 1);
   st->dirty = 0;
+  /* the luv integration delivers destroys once per loop iteration, but
+  ** only needs its check handle running while destroy hooks exist */
+  if (had_destroy != (st->nhooks[AH_DESTROY] != 0)) {
+    if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
+      lua_pushboolean(L, st->nhooks[AH_DESTROY] != 0);
+      lua_call(L, 1, 0);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
 }
 
 static void changed(lua_State *L, ah_state *st) {
@@ -96,6 +106,15 @@ static int l_hook_disable(lua_State *L) {
   }
   lua_settop(L, 1);
   return 1;
+}
+
+/* on_destroy_hooks(f|nil): f(true) when destroy hooks appear, f(false)
+** when the last one goes */
+static int l_on_destroy_hooks(lua_State *L) {
+  if (!lua_isnil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_rawseti(L, AH_UV_AUX, AUX_LUV);
+  return 0;
 }
 
 static int l_hook_counts(lua_State *L) {
@@ -289,6 +308,7 @@ const luaL_Reg ah_hook_funcs[] = {
   {"hook_enable", l_hook_enable},
   {"hook_disable", l_hook_disable},
   {"hook_counts", l_hook_counts},
+  {"on_destroy_hooks", l_on_destroy_hooks},
   {"flush", l_flush},
   {"new_ids", l_new_ids},
   {"emit_init", l_emit_init},

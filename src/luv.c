@@ -63,11 +63,10 @@ enum { K_HANDLE = 0, K_CREATE, K_CLOSE, K_REQ, K_WORK };
 
 /* wrapper upvalues, after the shared ones */
 #define W_ORIG lua_upvalueindex(AH_NUP + 1)
-#define W_POS lua_upvalueindex(AH_NUP + 2)   /* p1 * 16 + p2 */
-#define W_KIND lua_upvalueindex(AH_NUP + 3)
-#define W_TYPE lua_upvalueindex(AH_NUP + 4)  /* nil: the handle's type */
-#define W_HR lua_upvalueindex(AH_NUP + 5)    /* handle -> trampoline */
-#define W_NUP (AH_NUP + 5)
+#define W_SPEC lua_upvalueindex(AH_NUP + 2)  /* kind * 256 + p1 * 16 + p2 */
+#define W_TYPE lua_upvalueindex(AH_NUP + 3)  /* nil: the handle's type */
+#define W_HR lua_upvalueindex(AH_NUP + 4)    /* handle -> trampoline */
+#define W_NUP (AH_NUP + 4)
 
 /* ------------------------------------------------------------------- */
 /* native stack of entered trampolines                                  */
@@ -153,21 +152,14 @@ static int callable(lua_State *L, int idx) {
   return 1;
 }
 
-static int observable(lua_State *L, ah_state *st, int s) {
-  int k, r;
-  for (k = 1; k <= AH_NKINDS; k++)
-    if (st->nhooks[k]) return 1;
-  if (st->res_on) return 1;
-  lua_rawgeti(L, AH_UV_F, s);
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  r = !lua_rawequal(L, -1, -2);
-  lua_pop(L, 2);
-  return r;
+static int observable(ah_state *st, int s) {
+  return st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER] ||
+         st->nhooks[AH_DESTROY] || st->res_on || (st->slots[s].anchored & A_FRAME);
 }
 
 /* destroy the tracked registration of the handle at idx, if any */
 static void forget_handle(lua_State *L, ah_state *st, int idx) {
-  if (lua_type(L, idx) != LUA_TUSERDATA) return;
+  if (!st->handles || lua_type(L, idx) != LUA_TUSERDATA) return;
   lua_pushvalue(L, idx);
   if (lua_rawget(L, W_HR) == LUA_TFUNCTION) {
     lua_getupvalue(L, -1, AH_NUP + 5); /* T_ID */
@@ -176,6 +168,7 @@ static void forget_handle(lua_State *L, ah_state *st, int idx) {
     lua_pushvalue(L, idx);
     lua_pushnil(L);
     lua_rawset(L, W_HR);
+    st->handles--;
   }
   lua_pop(L, 1);
 }
@@ -242,8 +235,8 @@ static int call_orig(lua_State *L) {
 
 static int wrapped(lua_State *L) {
   ah_state *st = ah_st(L);
-  int n = lua_gettop(L), pos = 0, s, kind = (int)lua_tointeger(L, W_KIND);
-  int packed = (int)lua_tointeger(L, W_POS), p1 = packed >> 4, p2 = packed & 15;
+  int n = lua_gettop(L), pos = 0, s, spec = (int)lua_tointeger(L, W_SPEC);
+  int kind = spec >> 8, p1 = (spec >> 4) & 15, p2 = spec & 15;
   lua_Integer id, trigger;
   int nres, has_handle = kind != K_CREATE && kind != K_WORK &&
                          lua_type(L, 1) == LUA_TUSERDATA;
@@ -255,13 +248,15 @@ static int wrapped(lua_State *L) {
   if (kind == K_CLOSE) forget_handle(L, st, 1); /* no more callbacks */
   if (!pos) return call_orig(L);         /* synchronous, or no callback */
   s = ah_slot_of(L, st);
-  if (!observable(L, st, s)) {
+  if (!observable(st, s)) {
     if (kind == K_HANDLE) forget_handle(L, st, 1);
     return call_orig(L);
   }
   luaL_checkstack(L, T_NUP + 8, "async_hooks");
-  /* the resource type */
-  if (!lua_isnil(L, W_TYPE))
+  /* the resource type, only needed for init */
+  if (!st->nhooks[AH_INIT])
+    lua_pushnil(L);
+  else if (!lua_isnil(L, W_TYPE))
     lua_pushvalue(L, W_TYPE);
   else if (!has_handle || luaL_getmetafield(L, 1, "__name") != LUA_TSTRING) {
     if (has_handle) lua_settop(L, n);
@@ -288,11 +283,14 @@ static int wrapped(lua_State *L) {
   lua_pushinteger(L, trigger);                 /* T_TRIGGER */
   lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* T_ONESHOT */
   lua_pushcclosure(L, tramp, T_NUP);           /* n+2 */
-  if (kind == K_HANDLE) { /* replaces the handle's previous registration */
-    forget_handle(L, st, 1);
+  /* a handle's registration is destroyed when replaced or closed: keep it
+  ** in HR when someone listens for destroys */
+  forget_handle(L, st, 1);
+  if (kind == K_HANDLE && st->nhooks[AH_DESTROY]) {
     lua_pushvalue(L, 1);
     lua_pushvalue(L, -2);
     lua_rawset(L, W_HR);
+    st->handles++;
   }
   lua_pushvalue(L, -1);
   lua_replace(L, pos);
@@ -309,9 +307,12 @@ static int wrapped(lua_State *L) {
       lua_setfield(L, -2, "handle");
     }
     lua_pop(L, 1);
-    lua_pushvalue(L, n + 3);
-    lua_pushvalue(L, n + 2);
-    lua_rawset(L, W_HR);
+    if (st->nhooks[AH_DESTROY]) {
+      lua_pushvalue(L, n + 3);
+      lua_pushvalue(L, n + 2);
+      lua_rawset(L, W_HR);
+      st->handles++;
+    }
   }
   if (st->nhooks[AH_INIT]) {
     lua_getupvalue(L, n + 2, 3 + AH_NUP);
@@ -331,8 +332,7 @@ static int l_luv_wrap(lua_State *L) {
   luaL_checktype(L, 6, LUA_TTABLE);
   ah_push_shared(L);
   lua_pushvalue(L, 1);
-  lua_pushinteger(L, p1 * 16 + p2);
-  lua_pushinteger(L, kind);
+  lua_pushinteger(L, kind * 256 + p1 * 16 + p2);
   lua_pushvalue(L, 5);
   lua_pushvalue(L, 6);
   lua_pushcclosure(L, wrapped, W_NUP);
@@ -417,6 +417,10 @@ static int l_leave(lua_State *L) {
   st->slots[s].id = lua_tointeger(L, 3);
   st->slots[s].trigger = lua_tointeger(L, 4);
   ah_set_resource(L, s, 1);
+  if (lua_isnil(L, 2)) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    lua_replace(L, 2);
+  }
   ah_set_frame(L, s, 2);
   st->active--;
   ah_flush_maybe(L, st);
@@ -425,18 +429,56 @@ static int l_leave(lua_State *L) {
 
 #define NSAVED 7 /* lv res frame id trigger depth cb */
 
+/* Every luv callback comes through here.  The common case, a callback
+** nobody tracked arriving while the thread's context is empty (uv.run at
+** top level), needs no Lua calls: only the ids are switched.  Anything else
+** goes through the enter/leave closures.  They are called unprotected: the
+** only errors they can raise are out-of-memory and hook errors, and those
+** end the process. */
 static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
+  ah_state *st;
   int base, ret, top;
+  uintptr_t s;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
   lv = (ah_luv *)lua_touserdata(L, -1);
+  st = lv->st;
   base = lua_gettop(L) - nargs - 1; /* index of the callback */
+  s = ah_extra(L);
+  if (s < (uintptr_t)st->cap && st->slots[s].L == L &&
+      !st->slots[s].anchored && lua_tocfunction(L, base) != tramp) {
+    lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+    size_t depth = st->cb_n;
+    lua_pop(L, 1);
+    st->slots[s].id = st->slots[s].trigger = 0;
+    st->active++;
+    ret = lv->orig(L, nargs, nresults, flags | lv->flags);
+    if (!st->slots[s].anchored && st->cb_n == depth &&
+        !(st->dq_n && st->active == 1 && !st->dispatching)) {
+      st->slots[s].id = pid;
+      st->slots[s].trigger = ptrig;
+      st->active--;
+      return ret;
+    }
+    /* the callback set a value, or an error unwound trampolines, or
+    ** destroys are due: the full leave() */
+    luaL_checkstack(L, 8, "async_hooks");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
+    lua_getiuservalue(L, -1, 2);
+    lua_remove(L, -2);
+    lua_pushnil(L);
+    lua_pushnil(L); /* the empty frame */
+    lua_pushinteger(L, pid);
+    lua_pushinteger(L, ptrig);
+    lua_pushinteger(L, (lua_Integer)depth);
+    lua_pushnil(L);
+    lua_call(L, 6, 0);
+    return ret;
+  }
+  luaL_checkstack(L, 10, "async_hooks");
   lua_getiuservalue(L, -1, 1);
   lua_pushvalue(L, base);
-  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory: run it bare */
-    lua_settop(L, base + nargs);
-    return lv->orig(L, nargs, nresults, flags | lv->flags);
-  }
+  lua_call(L, 1, 6);
   /* [cb args lv res frame id trig depth fn] -> [fn args lv ... depth cb] */
   lua_pushvalue(L, base);
   lua_copy(L, -2, base);
@@ -446,11 +488,7 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   top = lua_gettop(L);
   lua_getiuservalue(L, base, 2);
   for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
-  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) {
-    lua_warning(L, "async_hooks: could not restore the context after a luv callback: ", 1);
-    lua_warning(L, lua_tostring(L, -1) ? lua_tostring(L, -1) : "?", 0);
-    lua_pop(L, 1);
-  }
+  lua_call(L, NSAVED - 1, 0);
   lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
   lua_settop(L, top - NSAVED);
   return ret;

@@ -97,10 +97,16 @@ static void free_slot(ah_state *st, int s) {
 ** own coroutine therefore does not leak.  The empty frame needs no anchor,
 ** so a coroutine created where no value is set costs no hash insertion. */
 
-enum { A_FRAME = 1, A_RES = 2 };
-
-/* eph[thread] = value at idx (nil removes); thread_idx 0: the running one */
+/* eph[thread] = value at idx (nil removes); thread_idx 0: the running one.
+** The main thread never dies: its anchors are plain aux slots (no hashing). */
 static void eph_set(lua_State *L, int eph, int thread_idx, int idx) {
+  ah_state *st = ah_st(L);
+  lua_State *th = thread_idx ? lua_tothread(L, thread_idx) : L;
+  if (th == st->mainL) {
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, AH_UV_AUX, eph == AH_UV_T ? AUX_MAINFRAME : AUX_MAINRES);
+    return;
+  }
   if (thread_idx)
     lua_pushvalue(L, thread_idx);
   else
@@ -112,8 +118,21 @@ static void eph_set(lua_State *L, int eph, int thread_idx, int idx) {
 static void aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
   if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
   idx = lua_absindex(L, idx);
+  if (key == AUX_TR) { /* resources: see eph_set */
+    lua_State *th = thread_idx ? lua_tothread(L, thread_idx) : L;
+    if (th == ah_st(L)->mainL) {
+      lua_pushvalue(L, idx);
+      lua_rawseti(L, AH_UV_AUX, AUX_MAINRES);
+      return;
+    }
+  }
   lua_rawgeti(L, AH_UV_AUX, key);
-  eph_set(L, lua_gettop(L), thread_idx, idx);
+  if (thread_idx)
+    lua_pushvalue(L, thread_idx);
+  else
+    lua_pushthread(L);
+  lua_pushvalue(L, idx);
+  lua_rawset(L, -3);
   lua_pop(L, 1);
 }
 

@@ -9,7 +9,7 @@
 -- @module async_hooks.luv
 local core = require("async_hooks.core")
 
-local pairs, ipairs, type, rawget, next = pairs, ipairs, type, rawget, next
+local pairs, ipairs, type, rawget, select = pairs, ipairs, type, rawget, select
 local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
 
 --- Every callback-taking luv function: {name, position[, alternative
@@ -114,11 +114,16 @@ function L.attach(uv, persist)
   end
   core.luv_attach()
   -- deliver queued destroys at least once per loop iteration: every
-  -- callback's exit flushes them, and this check handle makes sure there is
-  -- one per iteration (unref'd: it does not keep the loop alive)
+  -- callback's exit flushes them, and this check handle, running only while
+  -- destroy hooks exist, makes sure there is one per iteration (unref'd: it
+  -- does not keep the loop alive)
   local check = uv.new_check()
-  check_start(check, core.flush)
   uv.unref(check)
+  local function destroy_hooks(on)
+    if on then check_start(check, core.flush) else check:stop() end
+  end
+  core.on_destroy_hooks(destroy_hooks)
+  destroy_hooks(select(4, core.hook_counts()) > 0)
   state.check = check
   persist.luv = state
 end
@@ -132,6 +137,7 @@ function L.detach(persist)
     p[1][p[2]] = p[3]
   end
   core.luv_detach()
+  core.on_destroy_hooks(nil)
   local check, uv = state.check, state.uv
   if check and not check:is_closing() then
     check:stop()
