@@ -7,7 +7,7 @@ local uv = require("luv") -- main thread, before anything else
 local U = require("util")
 print(("# async_hooks benchmarks (Lua %s, luv %s, median of %d runs, scale %g)"):format(
   _VERSION, uv.version_string(), U.RUNS, U.SCALE))
-for _, name in ipairs { "micro", "callbacks", "memory", "http" } do
+for _, name in ipairs { "micro", "instructions", "callbacks", "memory", "http" } do
   if not only or only == name then
     local ok, err = pcall(require, name)
     if not ok then print("!! " .. name .. ": " .. tostring(err)) end
