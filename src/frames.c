@@ -37,10 +37,14 @@ static void push_token(lua_State *L, int idx) {
 ** no frame: get() returns the default, nothing unsafe happens) */
 static int l_get(lua_State *L) {
   ah_state *st = ah_st(L);
-  int s = ah_slot_of(L, st);
-  lua_rawgeti(L, AH_UV_F, s);
-  if (lua_type(L, 1) != LUA_TTABLE || lua_rawgeti(L, 1, 1) != LUA_TUSERDATA)
-    luaL_typeerror(L, 1, "AsyncLocal");
+  int s;
+  if (lua_type(L, 1) != LUA_TTABLE) luaL_typeerror(L, 1, "AsyncLocal");
+  s = ah_slot_of(L, st);
+  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+    lua_pop(L, 1);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  }
+  if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) luaL_typeerror(L, 1, "AsyncLocal");
   switch (lua_rawget(L, -2)) {
     case LUA_TNIL: lua_getfield(L, 1, "default"); break;
     case LUA_TLIGHTUSERDATA:
@@ -55,7 +59,10 @@ static int l_get(lua_State *L) {
 ** maps tok to that very value */
 static void push_frame_with(lua_State *L, int s, int tok, int val) {
   int fr, nf, n = 0;
-  lua_rawgeti(L, AH_UV_F, s);
+  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+    lua_pop(L, 1);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  }
   fr = lua_gettop(L);
   lua_pushvalue(L, tok);
   lua_rawget(L, fr);
