@@ -12,7 +12,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan demo bench clean deps
+.PHONY: all build test asan gcstress valgrind soak demo bench clean deps
 
 all: build
 
@@ -31,6 +31,20 @@ asan: deps
 	$(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
 	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
 	$(call PATHS,$(ASANTREE)) && $(ASAN_ENV) AH_ASAN=1 $(BUSTED) $(BUSTED_ARGS)
+
+# the suite again with the collector running at every moment
+gcstress: build
+	$(call PATHS,$(TREE)) && AH_DIFF_PROGRAMS=300 AH_GC_STRESS=step $(BUSTED) --helper=spec/support/gcstress.lua $(BUSTED_ARGS)
+	$(call PATHS,$(TREE)) && AH_DIFF_PROGRAMS=300 AH_GC_STRESS=gen $(BUSTED) --helper=spec/support/gcstress.lua $(BUSTED_ARGS)
+
+# the suite under valgrind (memcheck), for what ASan cannot see
+valgrind: build
+	$(call PATHS,$(TREE)) && AH_DIFF_PROGRAMS=150 AH_VALGRIND=1 valgrind -q --error-exitcode=99 \
+	  --suppressions=$(CURDIR)/.ci/valgrind.supp --leak-check=no $(BUSTED) --ignore-lua $(BUSTED_ARGS)
+
+# the soak alone, long: AH_SOAK_SECONDS=60 (about 1e6 requests here)
+soak: build
+	$(call PATHS,$(TREE)) && AH_SOAK_SECONDS=$${AH_SOAK_SECONDS:-60} $(BUSTED) spec/10-soak_spec.lua
 
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua

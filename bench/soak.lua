@@ -1,0 +1,7 @@
+-- wrk script for the soak: a unique id in every request's path, and
+-- responses that are not exactly that id are counted.
+local counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format("GET", "/?id=" .. counter)
+end
