@@ -12,7 +12,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan gcstress valgrind soak demo bench clean deps
+.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench clean deps
 
 all: build
 
@@ -26,10 +26,12 @@ build: deps
 test: build
 	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
 
-asan: deps
+asanbuild: deps
 	rm -rf build.luarocks
 	$(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
 	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
+
+asan: asanbuild
 	$(call PATHS,$(ASANTREE)) && $(ASAN_ENV) AH_ASAN=1 $(BUSTED) $(BUSTED_ARGS)
 
 # the suite again with the collector running at every moment
@@ -45,6 +47,15 @@ valgrind: build
 # the soak alone, long: AH_SOAK_SECONDS=60 (about 1e6 requests here)
 soak: build
 	$(call PATHS,$(TREE)) && AH_SOAK_SECONDS=$${AH_SOAK_SECONDS:-60} $(BUSTED) spec/10-soak_spec.lua
+
+# fault injection: every allocation of the workload fails once, in turn
+# (ASan + UBSan build of the module and of the harness)
+faults: asanbuild
+	gcc -std=c99 -Wall -Wextra -O1 -g $(SAN_FLAGS) -I/usr/include/lua5.4 tests/failalloc.c -o build.luarocks/failalloc -llua5.4 -lm
+	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=0 ASAN_OPTIONS=detect_leaks=1 \
+	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
+	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=1 ASAN_OPTIONS=detect_leaks=0 \
+	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
 
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua

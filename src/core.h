@@ -99,7 +99,7 @@ typedef struct ah_state {
 
 /* slot->anchored bits: the frame is not the empty one (and is anchored in
 ** T), the resource is not nil (and is anchored in AUX_TR) */
-enum { A_FRAME = 1, A_RES = 2 };
+enum { A_FRAME = 1, A_RES = 2, K_FRAME = 4, K_RES = 8 }; /* K_: key exists */
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
@@ -116,6 +116,7 @@ void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_reserve(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
 void ah_push_shared(lua_State *L);

@@ -92,19 +92,22 @@ static void ended(ah_state *st, int cs) {
 /* lcorolib's auxresume, plus hooks */
 static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
                      int narg) {
-  int status, nres, cs, hooks;
+  int status, nres, cs, hooks, runs;
   if (!lua_checkstack(co, narg)) {
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
   }
   cs = co_slot(L, st, co, co_idx); /* co_idx: 1 or an upvalue: absolute */
+  /* a coroutine that cannot run makes lua_resume build an error message,
+  ** which can raise (out of memory): count only real resumes as active */
+  runs = lua_status(co) == LUA_YIELD || suspended(co);
   hooks = (st->nhooks[AH_BEFORE] | st->nhooks[AH_AFTER] |
-           st->nhooks[AH_DESTROY]) && cs >= 0 && suspended(co);
+           st->nhooks[AH_DESTROY]) && cs >= 0 && runs;
   if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);
   lua_xmove(L, co, narg);
-  st->active++;
+  st->active += runs;
   status = lua_resume(co, L, narg, &nres);
-  st->active--;
+  st->active -= runs;
   if (status == LUA_OK || status == LUA_YIELD) {
     if (!lua_checkstack(L, nres + 1)) {
       lua_pop(co, nres);

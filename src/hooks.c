@@ -185,16 +185,18 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
   int i, n;
   if (!st->nhooks[AH_INIT]) return;
   res_idx = lua_absindex(L, res_idx);
+  lua_pushstring(L, type); /* can fail: before the dispatch starts */
   n = begin(L, st, AH_INIT);
   for (i = 1; i <= n; i++) {
     lua_rawgeti(L, -1, i);
     lua_pushinteger(L, id);
-    lua_pushstring(L, type);
+    lua_pushvalue(L, -4);
     lua_pushinteger(L, trigger);
     lua_pushvalue(L, res_idx);
     call_hook(L, 4, "init");
   }
   end(L, st);
+  lua_pop(L, 1);
 }
 
 /* --------------------------------------------------------------------- */
@@ -215,6 +217,7 @@ void ah_queue_destroy(ah_state *st, lua_Integer id) {
 ** delivering; callers make sure no callback, resume or dispatch is active */
 void ah_flush(lua_State *L, ah_state *st) {
   size_t i;
+  luaL_checkstack(L, 16, "async_hooks"); /* the only step that can fail */
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;

@@ -104,16 +104,17 @@ static void cb_pop(ah_state *st) {
 
 static int tramp(lua_State *L) {
   ah_state *st = ah_st(L);
-  int n = lua_gettop(L), s = ah_slot_of(L, st), i;
+  int n = lua_gettop(L), s = ah_slot_of(L, st), i, status;
   lua_Integer id = lua_tointeger(L, T_ID);
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
-  luaL_checkstack(L, n + 8, "async_hooks");
+  luaL_checkstack(L, n + 24, "async_hooks");
   if (lua_isnil(L, T_RES) && st->res_on) { /* resource wanted after all */
     lua_createtable(L, 0, 1);
     lua_pushvalue(L, T_HANDLE);
     lua_setfield(L, -2, "handle");
     lua_replace(L, T_RES);
   }
+  ah_reserve(L, s);
   lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
   lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
   if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
@@ -125,7 +126,9 @@ static int tramp(lua_State *L) {
   ah_emit_id(L, st, AH_BEFORE, id);
   lua_pushvalue(L, T_CB);
   for (i = 1; i <= n; i++) lua_pushvalue(L, i);
-  lua_call(L, n, 0); /* on error, ah_cb_pcall cleans up */
+  /* Called this way only when the library's cb_pcall is not in front
+  ** (after uninstall(), or if entering failed): restore on error too. */
+  status = lua_pcall(L, n, 0, 0);
   ah_emit_id(L, st, AH_AFTER, id);
   cb_pop(st);
   s = ah_slot_of(L, st);
@@ -137,6 +140,7 @@ static int tramp(lua_State *L) {
   if (lua_toboolean(L, T_ONESHOT) && st->nhooks[AH_DESTROY])
     ah_queue_destroy(st, id);
   ah_flush_maybe(L, st);
+  if (status != LUA_OK) return lua_error(L); /* the error object is on top */
   return 0;
 }
 
@@ -350,22 +354,20 @@ static int l_luv_wrap(lua_State *L) {
 static int l_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   int s = ah_slot_of(L, st);
-  luaL_checkstack(L, 10, "async_hooks");
+  /* everything that can fail comes first: nothing has changed if it does */
+  luaL_checkstack(L, 24, "async_hooks");
+  ah_reserve(L, s);
   lua_rawgeti(L, AH_UV_R, s);
   lua_rawgeti(L, AH_UV_F, s);
   lua_pushinteger(L, st->slots[s].id);
   lua_pushinteger(L, st->slots[s].trigger);
   lua_pushinteger(L, (lua_Integer)st->cb_n);
-  st->active++;
   if (lua_tocfunction(L, 1) == tramp) {
-    lua_Integer id;
+    lua_Integer id, trigger;
     lua_getupvalue(L, 1, AH_NUP + 5); /* T_ID */
     id = lua_tointeger(L, -1);
     lua_getupvalue(L, 1, AH_NUP + 6); /* T_TRIGGER */
-    if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
-    st->active++;
-    st->slots[s].id = id;
-    st->slots[s].trigger = lua_tointeger(L, -1);
+    trigger = lua_tointeger(L, -1);
     lua_pop(L, 2);
     if (lua_getupvalue(L, 1, AH_NUP + 3) == LUA_TNIL && st->res_on) {
       lua_pop(L, 1); /* resource wanted after all */
@@ -375,21 +377,28 @@ static int l_enter(lua_State *L) {
       lua_pushvalue(L, -1);
       lua_setupvalue(L, 1, AH_NUP + 3);
     }
-    ah_set_resource(L, s, -1);
     lua_getupvalue(L, 1, AH_NUP + 2); /* T_FRAME */
-    ah_set_frame(L, s, -1);
+    lua_getupvalue(L, 1, AH_NUP + 1); /* T_CB */
+    if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+    /* switch (hook errors end the process) */
+    st->active += 2;
+    st->slots[s].id = id;
+    st->slots[s].trigger = trigger;
+    ah_set_resource(L, s, -3);
+    ah_set_frame(L, s, -2);
+    lua_rotate(L, -3, 1); /* cb below resource and frame */
     lua_pop(L, 2);
     ah_emit_id(L, st, AH_BEFORE, id);
-    lua_getupvalue(L, 1, AH_NUP + 1); /* T_CB */
   } else {
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 0);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    st->active++;
     st->slots[s].id = 0;
     st->slots[s].trigger = 0;
-    lua_pushnil(L);
-    ah_set_resource(L, s, -1);
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_set_resource(L, s, -2);
     ah_set_frame(L, s, -1);
     lua_pop(L, 2);
-    lua_pushvalue(L, 1);
   }
   return 6;
 }
@@ -432,9 +441,9 @@ static int l_leave(lua_State *L) {
 /* Every luv callback comes through here.  The common case, a callback
 ** nobody tracked arriving while the thread's context is empty (uv.run at
 ** top level), needs no Lua calls: only the ids are switched.  Anything else
-** goes through the enter/leave closures.  They are called unprotected: the
-** only errors they can raise are out-of-memory and hook errors, and those
-** end the process. */
+** goes through the enter/leave closures, called protected: enter does what
+** can fail (allocations) before it changes anything, and leave allocates
+** nothing (hook errors end the process). */
 static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
   ah_state *st;
@@ -462,7 +471,13 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
     }
     /* the callback set a value, or an error unwound trampolines, or
     ** destroys are due: the full leave() */
-    luaL_checkstack(L, 8, "async_hooks");
+    if (!lua_checkstack(L, 10)) { /* no memory: restore what C can */
+      while (st->cb_n > depth) { cb_pop(st); st->active--; }
+      st->slots[s].id = pid;
+      st->slots[s].trigger = ptrig;
+      st->active--;
+      return ret;
+    }
     lua_rawgetp(L, LUA_REGISTRYINDEX, &luv_key);
     lua_getiuservalue(L, -1, 2);
     lua_remove(L, -2);
@@ -472,13 +487,19 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
     lua_pushinteger(L, ptrig);
     lua_pushinteger(L, (lua_Integer)depth);
     lua_pushnil(L);
-    lua_call(L, 6, 0);
+    if (lua_pcall(L, 6, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
     return ret;
   }
-  luaL_checkstack(L, 10, "async_hooks");
+  if (!lua_checkstack(L, 12)) { /* no memory: run it bare */
+    lua_pop(L, 1);
+    return lv->orig(L, nargs, nresults, flags | lv->flags);
+  }
   lua_getiuservalue(L, -1, 1);
   lua_pushvalue(L, base);
-  lua_call(L, 1, 6);
+  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory, nothing entered */
+    lua_settop(L, base + nargs);           /* luv calls the trampoline, */
+    return lv->orig(L, nargs, nresults, flags | lv->flags); /* which copes */
+  }
   /* [cb args lv res frame id trig depth fn] -> [fn args lv ... depth cb] */
   lua_pushvalue(L, base);
   lua_copy(L, -2, base);
@@ -488,7 +509,7 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   top = lua_gettop(L);
   lua_getiuservalue(L, base, 2);
   for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
-  lua_call(L, NSAVED - 1, 0);
+  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
   lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
   lua_settop(L, top - NSAVED);
   return ret;

@@ -37,6 +37,7 @@ static int l_enter_scope(lua_State *L) {
   luaL_checkany(L, 3);
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_settop(L, 4);
+  luaL_checkstack(L, 20, "async_hooks"); /* before anything changes */
   s = ah_slot_of(L, st);
   g = (ah_guard *)lua_newuserdatauv(L, sizeof(ah_guard), G_NUV); /* 5 */
   g->id = id;
@@ -53,12 +54,13 @@ static int l_enter_scope(lua_State *L) {
   lua_setiuservalue(L, 5, G_PREV_FRAME);
   lua_pushvalue(L, 3);
   lua_setiuservalue(L, 5, G_RES);
+  ah_reserve(L, s);
   if (!g->on_main) { /* link into the coroutine's chain */
     ah_get_guard(L, 0);
     lua_setiuservalue(L, 5, G_PREV_GUARD);
     ah_set_guard(L, 5);
   }
-  /* nothing below can fail: switch */
+  /* nothing below can fail (hook errors end the process): switch */
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
   ah_set_resource(L, s, 3);
@@ -78,13 +80,13 @@ static int guard_close(lua_State *L) {
   s = ah_slot_of(L, st);
   st->slots[s].id = g->prev_id;
   st->slots[s].trigger = g->prev_trigger;
+  if (g->on_main) st->active--;
   lua_getiuservalue(L, 1, G_PREV_RES);
   ah_set_resource(L, s, -1);
   lua_getiuservalue(L, 1, G_PREV_FRAME);
   ah_set_frame(L, s, -1);
   lua_pop(L, 2);
   if (g->on_main) {
-    st->active--;
     ah_flush_maybe(L, st);
   } else { /* unlink */
     lua_getiuservalue(L, 1, G_PREV_GUARD);

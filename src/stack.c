@@ -152,36 +152,67 @@ void ah_set_guard(lua_State *L, int idx) {
   aux_eph_set(L, AUX_TG, 0, idx);
 }
 
+/* Writes that can fail (a new key in an anchor table needs memory) come
+** first, before anything changes; a key, once made, is kept (holding false
+** when there is nothing to anchor) until the slot is released, so that a
+** restore, which only ever returns to a value the thread had before, never
+** allocates.  F[s] and R[s] exist from registration on. */
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
-  ah_slot *sl = &st->slots[s];
   idx = lua_absindex(L, idx);
   if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
-  lua_pushvalue(L, idx);
-  lua_rawseti(L, AH_UV_F, s);
   if (lua_topointer(L, idx) != st->empty) {
     eph_set(L, AH_UV_T, thread_idx, idx);
-    sl->anchored |= A_FRAME;
-  } else if (sl->anchored & A_FRAME) {
-    lua_pushnil(L);
+    st->slots[s].anchored |= A_FRAME | K_FRAME;
+  } else if (st->slots[s].anchored & A_FRAME) {
+    lua_pushboolean(L, 0);
     eph_set(L, AH_UV_T, thread_idx, lua_gettop(L));
     lua_pop(L, 1);
-    sl->anchored &= ~A_FRAME;
+    st->slots[s].anchored &= ~A_FRAME;
   }
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, AH_UV_F, s);
 }
 
+/* R[s] holds false for "no resource" (the key stays) */
 static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
                             int idx) {
-  ah_slot *sl = &st->slots[s];
+  int none;
   idx = lua_absindex(L, idx);
-  lua_pushvalue(L, idx);
+  none = lua_isnil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx));
+  if (!none || (st->slots[s].anchored & A_RES)) {
+    if (none) {
+      lua_pushboolean(L, 0);
+      aux_eph_set(L, AUX_TR, thread_idx, -1);
+      lua_pop(L, 1);
+      st->slots[s].anchored &= ~A_RES;
+    } else {
+      aux_eph_set(L, AUX_TR, thread_idx, idx);
+      st->slots[s].anchored |= A_RES | K_RES;
+    }
+  }
+  if (none)
+    lua_pushboolean(L, 0);
+  else
+    lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_R, s);
-  if (!lua_isnil(L, idx) || (sl->anchored & A_RES)) {
-    aux_eph_set(L, AUX_TR, thread_idx, idx);
-    if (lua_isnil(L, idx))
-      sl->anchored &= ~A_RES;
-    else
-      sl->anchored |= A_RES;
+}
+
+/* Make sure the anchor keys of the running thread exist, so that switching
+** its frame and resource cannot fail (scope entries reserve first). */
+void ah_reserve(lua_State *L, int s) {
+  ah_state *st = ah_st(L);
+  if (!(st->slots[s].anchored & K_FRAME)) {
+    lua_pushboolean(L, 0);
+    eph_set(L, AH_UV_T, 0, lua_gettop(L));
+    lua_pop(L, 1);
+    st->slots[s].anchored |= K_FRAME;
+  }
+  if (!(st->slots[s].anchored & K_RES)) {
+    lua_pushboolean(L, 0);
+    aux_eph_set(L, AUX_TR, 0, -1);
+    lua_pop(L, 1);
+    st->slots[s].anchored |= K_RES;
   }
 }
 
@@ -288,7 +319,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
   sl->destroyed = 0;
-  sl->anchored = 0;
+  sl->anchored = kind == AH_KMAIN ? K_FRAME | K_RES : 0; /* aux slots */
   sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
   ah_extra(co) = (uintptr_t)s;
@@ -296,6 +327,8 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   /* raw sets never run finalizers: nothing can reuse s meanwhile */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
+  lua_pushboolean(L, 0);
+  lua_rawseti(L, AH_UV_R, s);
   set_frame_of(L, st, s, thread_idx, frame_idx);
   return s;
 }
@@ -316,7 +349,7 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
 ** materializing a thread's own resource table ({thread = co}) the first
 ** time it is asked for */
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
-  if (lua_rawgeti(L, AH_UV_R, s) != LUA_TNIL) return;
+  if (lua_rawgeti(L, AH_UV_R, s) == LUA_TTABLE || lua_toboolean(L, -1)) return;
   lua_pop(L, 1);
   if (st->slots[s].kind == AH_KMAIN) {
     lua_rawgeti(L, AH_UV_AUX, AUX_TOP);
