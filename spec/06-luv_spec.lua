@@ -99,6 +99,20 @@ describe("luv integration", function()
     assert.equal("clean", v:get())
   end)
 
+  it("untracked callbacks in an empty context take the path with no Lua calls", function()
+    local code, out = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local t = uv.new_idle()
+      local n = 0
+      t:start(function() n = n + 1; if n == 100 then t:stop(); t:close() end end)
+      uv.run()
+      print(n, ah.core.stats().fast_callbacks)
+    ]])
+    assert.equal(0, code)
+    assert.equal("100\t100\n", out)
+  end)
+
   it("callbacks run in the root context when nothing was captured", function()
     -- in a fresh process: nothing has made the library observe anything yet
     local code, out = H.run_lua([[

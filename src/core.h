@@ -85,6 +85,7 @@ typedef struct ah_state {
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
   int handles;               /* tracked luv handle registrations (upper bound) */
+  lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */

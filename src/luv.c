@@ -455,15 +455,17 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   base = lua_gettop(L) - nargs - 1; /* index of the callback */
   s = ah_extra(L);
   if (s < (uintptr_t)st->cap && st->slots[s].L == L &&
-      !st->slots[s].anchored && lua_tocfunction(L, base) != tramp) {
+      !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
+      lua_tocfunction(L, base) != tramp) {
     lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
     size_t depth = st->cb_n;
     lua_pop(L, 1);
     st->slots[s].id = st->slots[s].trigger = 0;
     st->active++;
     ret = lv->orig(L, nargs, nresults, flags | lv->flags);
-    if (!st->slots[s].anchored && st->cb_n == depth &&
+    if (!(st->slots[s].anchored & (A_FRAME | A_RES)) && st->cb_n == depth &&
         !(st->dq_n && st->active == 1 && !st->dispatching)) {
+      st->fast_callbacks++;
       st->slots[s].id = pid;
       st->slots[s].trigger = ptrig;
       st->active--;

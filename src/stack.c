@@ -400,7 +400,7 @@ static int l_stats(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, used = 0;
   for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 9);
   lua_pushinteger(L, used);
   lua_setfield(L, -2, "slots");
   lua_pushinteger(L, st->cap);
@@ -415,6 +415,8 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "dispatching");
   lua_pushinteger(L, st->next_id);
   lua_setfield(L, -2, "next_id");
+  lua_pushinteger(L, st->fast_callbacks);
+  lua_setfield(L, -2, "fast_callbacks");
   return 1;
 }
 
