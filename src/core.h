@@ -125,6 +125,7 @@ void ah_open_slots(lua_State *L);
 extern const luaL_Reg ah_slot_funcs[];
 
 /* frames.c */
+int ah_callable(lua_State *L, int idx);
 void ah_open_frames(lua_State *L);
 extern const luaL_Reg ah_frame_funcs[];
 

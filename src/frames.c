@@ -121,8 +121,11 @@ static int caller_error(lua_State *L, const char *fmt, const char *fname,
   return lua_error(L);
 }
 
-static int is_callable(lua_State *L, int idx) {
-  if (lua_type(L, idx) == LUA_TFUNCTION) return 1;
+/* a function, or a table/userdata with a __call metamethod */
+int ah_callable(lua_State *L, int idx) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TFUNCTION) return 1;
+  if (t != LUA_TTABLE && t != LUA_TUSERDATA) return 0;
   if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return 0;
   lua_pop(L, 1);
   return 1;
@@ -140,7 +143,7 @@ static int l_enter(lua_State *L) {
       ((ah_token *)lua_touserdata(L, -1))->magic != AH_TOKEN_MAGIC)
     return caller_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)",
                         "run", 1);
-  if (!is_callable(L, 3))
+  if (!ah_callable(L, 3))
     return caller_error(L, "bad argument #2 to '%s' (function expected, got %s)",
                         "run", 3);
   s = ah_slot_of(L, st);

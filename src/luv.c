@@ -147,15 +147,6 @@ static int tramp(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* registration wrappers                                                 */
 
-static int callable(lua_State *L, int idx) {
-  int t = lua_type(L, idx);
-  if (t == LUA_TFUNCTION) return 1;
-  if (t != LUA_TTABLE && t != LUA_TUSERDATA) return 0;
-  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return 0;
-  lua_pop(L, 1);
-  return 1;
-}
-
 static int observable(ah_state *st, int s) {
   return st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER] ||
          st->nhooks[AH_DESTROY] || st->res_on || (st->slots[s].anchored & A_FRAME);
@@ -245,9 +236,9 @@ static int wrapped(lua_State *L) {
   int nres, has_handle = kind != K_CREATE && kind != K_WORK &&
                          lua_type(L, 1) == LUA_TUSERDATA;
   const char *type;
-  if (p1 && p1 <= n && callable(L, p1))
+  if (p1 && p1 <= n && ah_callable(L, p1))
     pos = p1;
-  else if (p2 && p2 <= n && callable(L, p2) && (p1 > n || lua_isnil(L, p1)))
+  else if (p2 && p2 <= n && ah_callable(L, p2) && (p1 > n || lua_isnil(L, p1)))
     pos = p2;
   if (kind == K_CLOSE) forget_handle(L, st, 1); /* no more callbacks */
   if (!pos) return call_orig(L);         /* synchronous, or no callback */
