@@ -3,7 +3,7 @@
 -- connections; Node's AsyncLocalStorage and empty-hooks variants of the same
 -- shape beside it when `node` is installed.
 local U = require("util")
-local SECONDS = tonumber(os.getenv("BENCH_HTTP_SECONDS")) or 3
+local SECONDS = tonumber(os.getenv("BENCH_HTTP_SECONDS")) or 2
 
 local function have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") end
 if not have("wrk") then
@@ -43,29 +43,42 @@ local function serve_and_load(cmd, conns)
 end
 
 local lua = "lua5.4 bench/http_server.lua"
+local ROUNDS = tonumber(os.getenv("BENCH_HTTP_ROUNDS")) or 3
+local configs = {}
+for _, style in ipairs { "callbacks", "coroutines" } do
+  for _, ctx in ipairs { "none", "asynclocal", "resource", "destroy" } do
+    configs[#configs + 1] = { lang = "lua", style = style, ctx = ctx, cmd = ("%s %s %s"):format(lua, style, ctx) }
+  end
+end
+if have("node") then
+  for _, ctx in ipairs { "none", "als", "hooks" } do
+    configs[#configs + 1] = { lang = "node", style = "callbacks", ctx = ctx, cmd = "node bench/node_server.js " .. ctx }
+  end
+end
+
 local results = {}
 for _, conns in ipairs { 50, 500 } do
-  U.header(("5. HTTP server, %d connections, %ds per run (requests/s, ratio to none)"):format(conns, SECONDS))
-  for _, style in ipairs { "callbacks", "coroutines" } do
-    local base
-    for _, ctx in ipairs { "none", "asynclocal", "resource", "destroy" } do
-      local rps = serve_and_load(("%s %s %s"):format(lua, style, ctx), conns)
-      base = base or rps
-      local r = base > 0 and rps / base or 0
-      local target = (ctx == "asynclocal" and 0.97) or (ctx ~= "none" and 0.90) or nil
-      local verdict = target and ((r >= target) and ("  (target >= %.2f: met)"):format(target)
-        or ("  (target >= %.2f: MISSED)"):format(target)) or ""
-      print(("  lua  %-10s %-11s %10.0f req/s   x%.3f%s"):format(style, ctx, rps, r, verdict))
-      results[#results + 1] = { conns = conns, style = style, ctx = ctx, rps = rps, ratio = r }
+  U.header(("5. HTTP server, %d connections: median of %d interleaved runs of %ds (requests/s, ratio to none)")
+    :format(conns, ROUNDS, SECONDS))
+  local samples = {}
+  for _ = 1, ROUNDS do
+    for i, c in ipairs(configs) do
+      samples[i] = samples[i] or {}
+      table.insert(samples[i], serve_and_load(c.cmd, conns))
     end
   end
-  if have("node") then
-    local base
-    for _, ctx in ipairs { "none", "als", "hooks" } do
-      local rps = serve_and_load("node bench/node_server.js " .. ctx, conns)
-      base = base or rps
-      print(("  node callbacks  %-11s %10.0f req/s   x%.3f"):format(ctx, rps, base > 0 and rps / base or 0))
-    end
+  local base = {}
+  for i, c in ipairs(configs) do
+    table.sort(samples[i])
+    local rps = samples[i][(#samples[i] + 1) // 2]
+    local key = c.lang .. c.style
+    if c.ctx == "none" then base[key] = rps end
+    local r = (base[key] or 0) > 0 and rps / base[key] or 0
+    local target = c.lang == "lua" and ((c.ctx == "asynclocal" and 0.97) or (c.ctx ~= "none" and 0.90)) or nil
+    local verdict = target and ((r >= target) and ("  (target >= %.2f: met)"):format(target)
+      or ("  (target >= %.2f: MISSED)"):format(target)) or ""
+    print(("  %-4s %-10s %-11s %10.0f req/s   x%.3f%s"):format(c.lang, c.style, c.ctx, rps, r, verdict))
+    results[#results + 1] = { conns = conns, lang = c.lang, style = c.style, ctx = c.ctx, rps = rps, ratio = r }
   end
 end
 return results
