@@ -31,7 +31,7 @@ enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 #define AH_UV_STATE lua_upvalueindex(1)
 #define AH_UV_F lua_upvalueindex(2) /* slot -> current frame (weak values) */
 #define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
-#define AH_UV_T lua_upvalueindex(4) /* thread -> record (weak keys) */
+#define AH_UV_T lua_upvalueindex(4) /* thread -> frame anchor (weak keys) */
 #define AH_UV_AUX lua_upvalueindex(5) /* strong table of internals */
 #define AH_UV_TH lua_upvalueindex(6) /* slot -> thread (weak values) */
 #define AH_NUP 6
@@ -66,7 +66,7 @@ typedef struct ah_slot {
   int next_free;
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
-  unsigned char has_gc;    /* the record has a finalizer that frees the slot */
+  unsigned char has_gc;    /* a finalizer token frees the slot */
   unsigned char anchored;  /* A_FRAME: frame not empty; A_RES: resource set */
 } ah_slot;
 

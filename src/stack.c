@@ -3,10 +3,10 @@
 **
 ** See core.h for the model.  A slot is allocated when a thread first needs a
 ** context (the main thread at load time, a coroutine at create time, any
-** other thread the first time it touches the library).  Each thread has a
-** record, a userdata anchored by the thread itself through an ephemeron
-** table, that anchors its frame, resource and open scopes.  A slot is given
-** back when its coroutine returns or is closed, by the record's finalizer
+** other thread the first time it touches the library).  The slot's Lua
+** values live in weak tables indexed by slot, kept alive by ephemeron
+** entries keyed by the thread (see "thread anchors" below).  A slot is
+** given back when its coroutine returns or is closed, by a finalizer token
 ** when destroy hooks need one, or else by a sweep when the free lists run
 ** dry: no per-coroutine finalizer in the common case.
 */
