@@ -4,8 +4,8 @@
 **
 ** create() captures the creator's frame into the new thread's slot; from
 ** then on the thread carries its own context, so resume() has nothing to
-** switch: with no hook enabled it is lcorolib's resume plus two integer
-** operations.  With before/after/destroy hooks enabled it emits them around
+** switch: with no hook enabled it is lcorolib's resume plus a few integer
+** tests.  With before/after/destroy hooks enabled it emits them around
 ** the resume slice, in the coroutine's context.
 */
 #include "core.h"
