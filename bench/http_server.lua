@@ -28,12 +28,7 @@ if ctx ~= "none" then
 end
 local app = require("app")
 
-local path = os.tmpname()
-local f = io.open(path, "w")
-f:write(("x"):rep(512))
-f:close()
-local fd = assert(uv.fs_open(path, "r", 420))
-os.remove(path)
+local fd = app.data_fd(512)
 
 local n = 0
 local handler

@@ -17,17 +17,8 @@ ah.createHook {
   destroy = function(id) map[id] = nil; live = live - 1 end,
 }:enable()
 
-local path = os.tmpname()
-local f = io.open(path, "w")
-f:write(("y"):rep(256))
-f:close()
-local fd = assert(uv.fs_open(path, "r", 420))
-os.remove(path)
-
-local function rss()
-  local s = io.open("/proc/self/status"):read("a")
-  return tonumber(s:match("VmRSS:%s*(%d+)"))
-end
+local fd = app.data_fd(256, "y")
+local rss = require("util").rss_kb
 
 local served, mismatches, rss_warm = 0, 0, nil
 local server, port = app.http_server(function(req, respond)

@@ -4,20 +4,6 @@ local U = {}
 U.RUNS = tonumber(os.getenv("BENCH_RUNS")) or 5
 U.SCALE = tonumber(os.getenv("BENCH_SCALE")) or 1
 
---- Median CPU seconds of `U.RUNS` runs of `f(n)` after one warm-up run.
-function U.time(f, n)
-  f(math.max(1, n // 10))
-  local t = {}
-  for i = 1, U.RUNS do
-    collectgarbage("collect")
-    local c = os.clock()
-    f(n)
-    t[i] = os.clock() - c
-  end
-  table.sort(t)
-  return t[(#t + 1) // 2]
-end
-
 --- Time several variants interleaved (a, b, c, a, b, c, ...) so that machine
 -- noise hits them alike; returns medians keyed by name.
 -- @param variants list of {name, f}

@@ -52,6 +52,18 @@ function M.upstream(port, payload)
   return table.concat(chunks)
 end
 
+--- A file descriptor open on `bytes` bytes of `ch` (an unlinked temporary
+-- file), for servers that read a file per request.
+function M.data_fd(bytes, ch)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write((ch or "x"):rep(bytes))
+  f:close()
+  local fd = assert(uv.fs_open(path, "r", 420))
+  os.remove(path)
+  return fd
+end
+
 --- A TCP server that answers "pong:<payload>" after `delay` ms, then closes.
 function M.upstream_server(delay)
   local server = uv.new_tcp()

@@ -37,12 +37,8 @@ local function check_invariants(log)
 end
 
 describe("createHook", function()
-  local hooks = {}
-  local function track(h) hooks[#hooks + 1] = h; return h end
-  after_each(function()
-    for _, h in ipairs(hooks) do h:disable() end
-    hooks = {}
-  end)
+  local track, untrack = H.hook_tracker()
+  after_each(untrack)
 
   it("validates its callbacks", function()
     assert.error_matches(function() ah.createHook { init = 1 } end, "hook.init must be a function")

@@ -24,12 +24,8 @@ describe("ids at top level", function()
 end)
 
 describe("AsyncResource", function()
-  local hooks = {}
-  local function track(h) hooks[#hooks + 1] = h; return h end
-  after_each(function()
-    for _, h in ipairs(hooks) do h:disable() end
-    hooks = {}
-  end)
+  local track, untrack = H.hook_tracker()
+  after_each(untrack)
 
   -- test-embedder.api.async-resource
   it("validates type and trigger", function()

@@ -17,12 +17,10 @@ local function tmpfile(content)
 end
 
 describe("luv integration", function()
-  local hooks = {}
-  local function track(h) hooks[#hooks + 1] = h; return h end
+  local track, untrack = H.hook_tracker()
   before_each(function() ah.install() end)
   after_each(function()
-    for _, h in ipairs(hooks) do h:disable() end
-    hooks = {}
+    untrack()
     ah.uninstall()
   end)
 

@@ -40,6 +40,18 @@ function H.recorder(ah, filter)
   return hook, log
 end
 
+--- Hooks a spec enables, disabled again after each test:
+-- `local track, untrack = H.hook_tracker(); after_each(untrack)`.
+function H.hook_tracker()
+  local hooks = {}
+  local function track(h) hooks[#hooks + 1] = h; return h end
+  local function untrack()
+    for _, h in ipairs(hooks) do h:disable() end
+    hooks = {}
+  end
+  return track, untrack
+end
+
 --- Full garbage collection, twice (finalizers, then what they freed).
 function H.gc()
   collectgarbage("collect")

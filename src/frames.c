@@ -20,16 +20,21 @@ typedef struct ah_token {
 static const char ah_nilv = 0;
 #define NILV ((void *)&ah_nilv)
 
-/* push the token of the AsyncLocal at idx, or raise */
-static void push_token(lua_State *L, int idx) {
+/* 1 with the token of the AsyncLocal at idx pushed, or 0 */
+static int token_of(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TTABLE) {
     if (lua_rawgeti(L, idx, 1) == LUA_TUSERDATA &&
         lua_rawlen(L, -1) == sizeof(ah_token) &&
         ((ah_token *)lua_touserdata(L, -1))->magic == AH_TOKEN_MAGIC)
-      return;
+      return 1;
     lua_pop(L, 1);
   }
-  luaL_typeerror(L, idx, "AsyncLocal");
+  return 0;
+}
+
+/* push the token of the AsyncLocal at idx, or raise */
+static void push_token(lua_State *L, int idx) {
+  if (!token_of(L, idx)) luaL_typeerror(L, idx, "AsyncLocal");
 }
 
 /* get() is the hot path: only a table whose [1] is a full userdata gets
@@ -138,9 +143,7 @@ static int l_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
   lua_settop(L, 3);
-  if (lua_type(L, 1) != LUA_TTABLE || lua_rawgeti(L, 1, 1) != LUA_TUSERDATA ||
-      lua_rawlen(L, -1) != sizeof(ah_token) ||
-      ((ah_token *)lua_touserdata(L, -1))->magic != AH_TOKEN_MAGIC)
+  if (!token_of(L, 1))
     return caller_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)",
                         "run", 1);
   if (!ah_callable(L, 3))
