@@ -67,7 +67,7 @@ http {
   fastcgi_temp_path temp/fastcgi;
   uwsgi_temp_path temp/uwsgi;
   scgi_temp_path temp/scgi;
-  lua_package_path "%s/lua/?.lua;%s/lua/?/init.lua;;";
+  lua_package_path "%s/lua/?.lua;%s/lua/?/init.lua;%s/spec/support/?.lua;;";
   %s
   server {
     listen 127.0.0.1:%d;
@@ -94,7 +94,7 @@ function N.start(o)
   local port = o.port or N.free_port()
   local fg = o.foreground
   spit(prefix .. "/conf/nginx.conf", CONF:format(o.workers or 1, fg and "off" or "on", fg and "off" or "on",
-    o.log_level or "error", N.MODULES, N.MODULES, N.ROOT, N.ROOT, o.http or "", port, o.server or ""))
+    o.log_level or "error", N.MODULES, N.MODULES, N.ROOT, N.ROOT, N.ROOT, o.http or "", port, o.server or ""))
   local self = setmetatable({ prefix = prefix, port = port }, Server)
   local cmd = ("%s -p '%s/' -c conf/nginx.conf"):format(N.NGINX, prefix)
   if fg then
