@@ -67,7 +67,7 @@ http {
   fastcgi_temp_path temp/fastcgi;
   uwsgi_temp_path temp/uwsgi;
   scgi_temp_path temp/scgi;
-  lua_package_path "%s/lua/?.lua;%s/lua/?/init.lua;%s/spec/support/?.lua;;";
+  lua_package_path "%s/lua/?.lua;%s/lua/?/init.lua;%s/spec/support/?.lua;%s;;";
   %s
   server {
     listen 127.0.0.1:%d;
@@ -82,9 +82,9 @@ Server.__index = Server
 
 --- Start nginx.
 -- @tparam table o `http` (lines in the http block), `server` (lines in the
---   server block), `workers` (1), `log_level` ("error"), `foreground`
---   (true: daemon off + master_process off, returns before it is up: for
---   valgrind, `prefix_cmd` e.g. "valgrind --tool=callgrind")
+--   server block), `lua_path` (more lua_package_path entries), `workers` (1), `log_level` ("error"), `foreground`
+--   (true: daemon off + master_process off: for valgrind), `prefix_cmd`
+--   (put before the nginx command: "taskset -c 0", "valgrind ...")
 function N.start(o)
   local prefix = os.getenv("TMPDIR") or "/tmp"
   local p = io.popen("mktemp -d " .. prefix .. "/ah-nginx-XXXXXX")
@@ -94,12 +94,12 @@ function N.start(o)
   local port = o.port or N.free_port()
   local fg = o.foreground
   spit(prefix .. "/conf/nginx.conf", CONF:format(o.workers or 1, fg and "off" or "on", fg and "off" or "on",
-    o.log_level or "error", N.MODULES, N.MODULES, N.ROOT, N.ROOT, N.ROOT, o.http or "", port, o.server or ""))
+    o.log_level or "error", N.MODULES, N.MODULES, N.ROOT, N.ROOT, N.ROOT, o.lua_path or "", o.http or "", port, o.server or ""))
   local self = setmetatable({ prefix = prefix, port = port }, Server)
-  local cmd = ("%s -p '%s/' -c conf/nginx.conf"):format(N.NGINX, prefix)
+  local cmd = ("%s %s -p '%s/' -c conf/nginx.conf"):format(o.prefix_cmd or "", N.NGINX, prefix)
   if fg then
     self.fg = true
-    local h = io.popen(("%s %s >'%s/logs/stdout' 2>&1 & echo $!"):format(o.prefix_cmd or "", cmd, prefix))
+    local h = io.popen(("%s >'%s/logs/stdout' 2>&1 & echo $!"):format(cmd, prefix))
     self.pid = tonumber(h:read("l"))
     h:close()
   else

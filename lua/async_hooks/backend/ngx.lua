@@ -55,9 +55,10 @@ local KEY = {} -- our key in ngx.ctx
 
 --- a frame like `frame` with `tok` set to `value`
 local function with(frame, tok, value)
+  if value == nil then value = NILV end
+  if frame == EMPTY then return setmetatable({ [tok] = value }, WEAKK) end
   local nf = {}
   for k, v in pairs(frame) do nf[k] = v end
-  if value == nil then value = NILV end
   nf[tok] = value
   return setmetatable(nf, WEAKK)
 end
@@ -77,33 +78,72 @@ local TOP = { frame = EMPTY, id = 1, trigger = 0, res = TOPRES }
 local top_threads = setmetatable({}, WEAKK) -- coroutines outside requests
 local next_id = 2
 
--- the state of the request running now, made on first use; nil outside
--- requests
-local function reqstate()
-  if get_request() == nil then return nil end
-  local ctx = get_ctx_table()
-  local rs = rawget(ctx, KEY)
-  if rs == nil then
-    rs = { frame = EMPTY, trigger = 1 }
-    rawset(ctx, KEY, rs)
+-- ngx.ctx without making it: resty.core keeps the ctx tables in a registry
+-- table indexed by the request's ctx ref (lua-resty-core 0.1.x); when that
+-- is not there, fall back to get_ctx_table (which makes the ctx).
+local ffi = require("ffi")
+local get_ctx_ref = ffi.C.ngx_http_lua_ffi_get_ctx_ref -- declared by resty.core.ctx
+local ctxs = registry.ngx_lua_ctx_tables
+
+-- the request's state if it has one yet: rs, or nil; false outside requests
+local function peek()
+  local r = get_request()
+  if r == nil then return false end
+  local ref = get_ctx_ref(r, nil, nil)
+  if ref < 0 then return nil end
+  local ctx = ctxs[ref]
+  return ctx ~= nil and rawget(ctx, KEY) or nil
+end
+if type(ctxs) ~= "table" then
+  peek = function()
+    if get_request() == nil then return false end
+    return rawget(get_ctx_table(), KEY)
   end
+end
+
+-- a request's state: the record of its entry threads ({frame, id, trigger,
+-- res}), `n` records of library threads keyed by their Lua thread
+local function new_reqstate()
+  local rs = { frame = EMPTY, trigger = 1, n = 0 }
+  rawset(get_ctx_table(), KEY, rs)
   return rs
 end
 
--- the record of what runs now: {frame, id, trigger, res}
+-- the state of the request running now, made on first use; nil outside
+-- requests
+local function reqstate()
+  local rs = peek()
+  if rs then return rs end
+  if rs == false then return nil end
+  return new_reqstate()
+end
+
+-- the record of what runs now, made when missing
 local function current()
-  if get_request() == nil then
+  local rs = peek()
+  if rs then
+    if rs.n == 0 then return rs end
+    return rs[co_running()] or rs
+  end
+  if rs == false then
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  local ctx = get_ctx_table()
-  local rs = rawget(ctx, KEY)
-  if rs == nil then
-    rs = { frame = EMPTY, trigger = 1 }
-    rawset(ctx, KEY, rs)
-    return rs
+  return new_reqstate()
+end
+
+-- the frame of what runs now (makes nothing)
+local function frame_now()
+  local rs = peek()
+  if rs then
+    if rs.n == 0 then return rs.frame end
+    return (rs[co_running()] or rs).frame
   end
-  return rs[co_running()] or rs
+  if rs == false then
+    local co = co_running()
+    return (co and top_threads[co] or TOP).frame
+  end
+  return EMPTY
 end
 
 -- the record's id, made when first needed (requests get theirs lazily)
@@ -117,7 +157,7 @@ local function id_of(rec)
   return id
 end
 
-function B.current_frame() return current().frame end
+function B.current_frame() return frame_now() end
 
 function B.executionAsyncId() return id_of(current()) end
 
@@ -303,7 +343,7 @@ function B.getter(method, class)
   return function(self)
     local tok = type(self) == "table" and rawget(self, 1)
     if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
-    local v = current().frame[tok]
+    local v = frame_now()[tok]
     if v == nil then return self.default end
     if v == NILV then return nil end
     return v
@@ -383,7 +423,10 @@ end
 -- the body of a thread returned: after, forget the record, destroy
 local function body_done(where, co, rec, ...)
   emit_after(rec.id)
-  where[co] = nil
+  if where[co] == rec then
+    where[co] = nil
+    if where ~= top_threads then where.n = where.n - 1 end
+  end
   local tok = rec.tok
   if tok ~= nil then
     tok_id[tok] = nil
@@ -398,6 +441,7 @@ local function body_start(frame, id, trigger, res, tok)
   local where = home()
   if res ~= nil then res.thread = co end
   local rec = { frame = frame, id = id, trigger = trigger, res = res, tok = tok, co = co }
+  if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
   if dq_n > 0 then flush() end
   emit_before(id)
@@ -458,6 +502,7 @@ local function make_kill(real)
       local rec = where[t]
       if rec ~= nil then
         where[t] = nil
+        if where ~= top_threads then where.n = where.n - 1 end
         if rec.tok ~= nil then
           tok_id[rec.tok] = nil
           B.emit_destroy(rec.id)
@@ -480,27 +525,49 @@ local function timer_end(rs, last, tok, ...)
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
-  local rs = { frame = frame, id = id, trigger = trigger, res = res }
+  local rs = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
   rawset(get_ctx_table(), KEY, rs)
   if dq_n > 0 then flush() end
   emit_before(id)
   return timer_end(rs, once or premature, tok, f(premature, ...))
 end
 
-local function timer_started(id, tok, ok, ...)
-  if not ok and tok ~= nil then
+-- the same without extra arguments: no vararg forwarding, which LuaJIT
+-- does not compile (ngx_lua ignores what a timer callback returns)
+local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
+  local rs = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  rawset(get_ctx_table(), KEY, rs)
+  if dq_n > 0 then flush() end
+  if n_before > 0 then emit_before(id) end
+  f(premature)
+  if n_after > 0 then emit_after(id) end
+  if tok ~= nil and (once or premature) then
     tok_id[tok] = nil
     B.emit_destroy(id)
   end
-  return ok, ...
 end
 
 local function make_timer(real, once)
   return function(delay, f, ...)
     if type(f) ~= "function" then return real(delay, f, ...) end
+    -- nothing can observe the registration (no hook, empty frame): the
+    -- callback runs as it is, in its fake request's fresh (empty) context
+    if n_init + n_before + n_after + n_destroy == 0 and frame_now() == EMPTY then
+      return real(delay, f, ...)
+    end
     local parent = current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
-    return timer_started(id, tok, real(delay, timer_cb, once, f, parent.frame, id, trigger, res, tok, ...))
+    local ok, err
+    if select("#", ...) == 0 then
+      ok, err = real(delay, timer_cb0, once, f, parent.frame, id, trigger, res, tok)
+    else
+      ok, err = real(delay, timer_cb, once, f, parent.frame, id, trigger, res, tok, ...)
+    end
+    if not ok and tok ~= nil then -- never runs
+      tok_id[tok] = nil
+      B.emit_destroy(id)
+    end
+    return ok, err
   end
 end
 
