@@ -41,6 +41,16 @@ function B.run_with(obj, value, fn, ...)
   return fn(...)
 end
 
+-- the api's run itself: the C core checks self and fn and raises
+-- message(self, value, fn) at the caller's line
+function B.runner(message)
+  local enter_checked = core.enterer(message)
+  return function(self, value, fn, ...)
+    local prev <close> = enter_checked(self, value, fn)
+    return fn(...)
+  end
+end
+
 function B.run_in_frame(frame, fn, ...)
   local prev <close> = swap(frame)
   return fn(...)
