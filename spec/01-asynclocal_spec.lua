@@ -13,6 +13,53 @@ describe("the module", function()
     assert.equal("lua54", ah.backend)
   end)
 
+  it("every public class and function carries LuaLS annotations and an LDoc comment", function()
+    local f = assert(io.open("lua/async_hooks/api.lua"))
+    local lines = {}
+    for line in f:lines() do lines[#lines + 1] = line end
+    f:close()
+    -- the comment block right above line i
+    local function block_above(i)
+      local b = {}
+      for j = i - 1, 1, -1 do
+        if not lines[j]:match("^%s*%-%-") then break end
+        b[#b + 1] = lines[j]
+      end
+      return table.concat(b, "\n")
+    end
+    local function definition(owner, key)
+      for i, line in ipairs(lines) do
+        local defined = line:match("^%s*function " .. owner .. "[.:]" .. key .. "%(")
+          or line:match("^%s*" .. owner .. "%." .. key .. " = ")
+        if defined then return i end
+      end
+    end
+    local classes = { AsyncLocal = ah.AsyncLocal, AsyncLocalStorage = ah.AsyncLocalStorage, Snapshot = ah.Snapshot,
+      AsyncResource = ah.AsyncResource, AsyncHook = getmetatable(ah.createHook {}) }
+    local checked = 0
+    local function check(owner, key)
+      local i = definition(owner, key)
+      assert.is_not_nil(i, owner .. "." .. key .. " not found")
+      local doc = block_above(i)
+      assert.matches("%-%-%- %S", doc, nil, false, owner .. "." .. key .. ": no LDoc comment")
+      assert.matches("%-%-%-@%a", doc, nil, false, owner .. "." .. key .. ": no LuaLS annotation")
+      checked = checked + 1
+    end
+    for name, class in pairs(classes) do
+      local i
+      for j, line in ipairs(lines) do if line:match("^%s*local " .. name .. " = {") then i = j end end
+      assert.is_not_nil(i, name)
+      assert.matches("%-%-%-@class " .. name, block_above(i))
+      for key, v in pairs(class) do
+        if type(v) == "function" then check(name, key) end
+      end
+    end
+    for key, v in pairs(ah) do
+      if type(v) == "function" or key == "coroutine" or key == "luv_covered" or key == "backend" then check("M", key) end
+    end
+    assert.is_true(checked >= 35)
+  end)
+
   it("is one module per state: loading every file again returns the same classes", function()
     for _, name in ipairs { "async_hooks", "async_hooks.api", "async_hooks.backend.lua54", "async_hooks.core" } do
       package.loaded[name] = nil

@@ -196,6 +196,68 @@ describe("bad input", function()
   end)
 end)
 
+describe("the api layer under LuaJIT", function()
+  -- api.lua is shared with the OpenResty backend: Lua 5.1 syntax, and the
+  -- same checks, messages and positions under LuaJIT (a stub backend here)
+  it("loads in LuaJIT and raises the same errors at the caller's line", function()
+    local src = debug.getinfo(1, "S").source:sub(2):gsub("spec/09%-robustness_spec%.lua$", "")
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      package.path = %q .. "lua/?.lua;" .. package.path
+      local nop = function() end
+      local B = { name = "stub", persist = {}, install_options = { luv = true }, coroutine = coroutine }
+      for _, k in ipairs { "current_frame", "empty_frame", "executionAsyncId", "triggerAsyncId",
+        "executionAsyncResource", "emit_init", "emit_destroy", "gc_token_cancel", "hook_enable", "hook_disable",
+        "uninstall", "install" } do B[k] = nop end
+      B.newtoken = function() return {} end
+      B.getter = function() return function(self) return self.default end end
+      B.setter = function() return nop end
+      B.run_with = function(_, _, fn, ...) return fn(...) end
+      B.run_in_frame = function(_, fn, ...) return fn(...) end
+      B.run_in_scope = function(_, _, _, _, fn, ...) return fn(...) end
+      local n = 1
+      B.new_ids = function(t) n = n + 1; return n, t or 1 end
+      B.hook_count = function() return 0 end
+      B.installed = function() return false end
+      local ah = require("async_hooks.api")(B)
+      assert(require("async_hooks.api")(B) == ah, "one module per backend")
+      local function msg(f) local ok, e = pcall(f); assert(not ok); return e end
+      print(msg(function() ah.AsyncLocal.new(42) end))
+      print(msg(function() ah.AsyncLocal.new { defualt = 1 } end))
+      print(msg(function() ah.AsyncResource.new("X", 2.5) end))
+      print(ah.AsyncResource.new("X", 2.0):triggerAsyncId())
+      print(msg(function() ah.AsyncResource.new("X", 2 ^ 60) end))
+      local callable = setmetatable({}, { __call = function(_, x) return "called " .. x end })
+      print(ah.AsyncLocal.new():run(1, callable, "run"))
+      print(msg(function() ah.createHook { init = 1 } end))
+      print(ah.createHook { init = callable }.init == callable)
+      print(msg(function() ah.install { lvu = 1 } end))
+    ]]):format(src))
+    f:close()
+    local p = io.popen(("luajit %s 2>&1"):format(script))
+    local out = p:read("a")
+    local ok = p:close()
+    os.remove(script)
+    assert.is_true(ok, out)
+    local name = script:match("[^/]+$")
+    local expected = {
+      "%s:20: bad argument #1 to 'new' (table or nil expected, got number)",
+      "%s:21: bad argument #1 to 'new' (unknown option 'defualt'; accepted: name, default)",
+      "%s:22: bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got 2.5)",
+      "2",
+      "%s:24: bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got 1.1529215046068e+18)",
+      "called run",
+      "%s:27: bad argument #1 to 'createHook' (hook.init must be a function, got number)",
+      "true",
+      "%s:29: bad argument #1 to 'install' (unknown option 'lvu'; accepted: luv)",
+    }
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = (line:gsub("^.-" .. name:gsub("%p", "%%%0"), "%%s")) end
+    assert.same(expected, lines)
+  end)
+end)
+
 describe("install / uninstall", function()
   after_each(state_intact)
 
