@@ -79,3 +79,17 @@ lint:
 
 clean:
 	rm -rf build build.luarocks $(TREE) $(ASANTREE)
+
+# OpenResty: the specs against a real nginx + lua-nginx-module started from a
+# temporary prefix on loopback (spec/20-openresty_spec.lua, tag #openresty),
+# and the OpenResty benchmark (BENCH_ARGS: rounds seconds callgrind-requests)
+OPENRESTY_PKGS := nginx-light libnginx-mod-http-lua lua-resty-core luajit2 wrk valgrind
+.PHONY: openresty openresty-deps openresty-bench
+openresty-deps:
+	@EXTRA_PKGS="$(OPENRESTY_PKGS)" ./.ci/deps
+
+openresty: openresty-deps build
+	$(call PATHS,$(TREE)) && $(BUSTED) --run=openresty $(BUSTED_ARGS)
+
+openresty-bench: openresty-deps build
+	$(call PATHS,$(TREE)) && $(LUA) bench/openresty.lua $(BENCH_ARGS)

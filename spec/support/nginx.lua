@@ -79,6 +79,9 @@ http {
 
 local Server = {}
 Server.__index = Server
+-- a server that nobody stopped (a crashed spec) is stopped when collected
+-- or when the Lua state closes
+Server.__gc = function(self) self:stop() end
 
 --- Start nginx.
 -- @tparam table o `http` (lines in the http block), `server` (lines in the
