@@ -217,6 +217,40 @@ function A.timers()
   say { s(ok), s(d:get("t_at" .. id)), s(d:get("t_nested" .. id)), s(d:get("t_every" .. id)), rid:get() }
 end
 
+--- a timer callback that raises leaves no record behind for later timers
+--- (ngx_lua recycles the fake request's memory and the Lua thread)
+function A.timer_error()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  rid:set("err-" .. id)
+  ngx.timer.at(0, function()
+    d:set("terr" .. id, rid:get())
+    error("expected-boom " .. id)
+  end)
+  for _ = 1, 200 do
+    if d:get("terr" .. id) then break end
+    ngx.sleep(0.001)
+  end
+  say { s(d:get("terr" .. id)) }
+end
+
+function A.timer_after_error()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  local left = 10
+  for _ = 1, 10 do
+    ngx.timer.at(0, function()
+      if rid:get() ~= nil then d:incr("stale", 1, 0) end
+      left = left - 1
+    end)
+  end
+  for _ = 1, 500 do
+    if left == 0 then break end
+    ngx.sleep(0.001)
+  end
+  say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
+end
+
 --- scopes restore on return and on error and keep per-thread values across
 --- yields
 function A.scopes()

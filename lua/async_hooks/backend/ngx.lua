@@ -101,10 +101,41 @@ if type(ctxs) ~= "table" then
   end
 end
 
+-- Timer callbacks: the record of the callback running in a fake request,
+-- kept here by the request's address (not in its ngx.ctx, which would cost
+-- a ctx per run; not by Lua thread: coroutine.running() is not compiled)
+-- while the callback runs.  A record is valid only in the timer phase.
+-- `timer_live` counts the records: callbacks running, or ended without
+-- returning (an error, ngx.exit).  While it is not 0, every timer registered
+-- through the library starts by removing a record left at its own address
+-- (a record there is stale: its timer is over), so the record of a callback
+-- that raised is never seen by a later timer that reuses the address.
+local timer_recs = {}
+local timer_live = 0
+local get_raw_phase = ngx.get_raw_phase
+local TIMER_PHASE = 0x0080
+-- the address as a Lua number, through 32-bit halves (which the FFI reads
+-- as numbers; tonumber of a 64-bit cdata aborts traces here)
+local ptrbox = ffi.new("union { const void *p; uint32_t w[2]; }")
+
+local function addr(r)
+  ptrbox.p = r
+  return ptrbox.w[0] + ptrbox.w[1] * 4294967296
+end
+
+local function timer_rec()
+  if timer_live == 0 then return nil end
+  local r = get_request()
+  local rec = timer_recs[addr(r)]
+  if rec ~= nil and (get_raw_phase == nil or get_raw_phase(r) == TIMER_PHASE) then return rec end
+  return nil
+end
+
 -- a request's state: the record of its entry threads ({frame, id, trigger,
--- res}), `n` records of library threads keyed by their Lua thread
+-- res}), `n` records of library threads keyed by their Lua thread.  In a
+-- timer callback, its record becomes the state.
 local function new_reqstate()
-  local rs = { frame = EMPTY, trigger = 1, n = 0 }
+  local rs = timer_rec() or { frame = EMPTY, trigger = 1, n = 0 }
   rawset(get_ctx_table(), KEY, rs)
   return rs
 end
@@ -129,7 +160,7 @@ local function current()
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  return new_reqstate()
+  return timer_rec() or new_reqstate()
 end
 
 -- the frame of what runs now (makes nothing)
@@ -143,6 +174,8 @@ local function frame_now()
     local co = co_running()
     return (co and top_threads[co] or TOP).frame
   end
+  local rec = timer_rec()
+  if rec ~= nil then return rec.frame end
   return EMPTY
 end
 
@@ -513,52 +546,92 @@ local function make_kill(real)
   end
 end
 
--- timers: every run of the callback is a fake request with a fresh
--- ngx.ctx, where the trampoline puts a fresh state in the captured frame
-local function timer_end(rs, last, tok, ...)
-  emit_after(rs.id)
+-- timers: every run of the callback is a fake request; the trampoline
+-- keeps the callback's record for that run (see timer_rec)
+-- start a timer callback's record (replacing a stale one at the address)
+local function timer_start(key, rec)
+  if timer_recs[key] == nil then timer_live = timer_live + 1 end
+  timer_recs[key] = rec
+end
+
+local function timer_stop(key, rec)
+  if timer_recs[key] == rec then
+    timer_recs[key] = nil
+    timer_live = timer_live - 1
+  end
+end
+
+local function timer_end(key, rec, last, tok, ...)
+  emit_after(rec.id)
+  timer_stop(key, rec)
   if last and tok ~= nil then
     tok_id[tok] = nil
-    B.emit_destroy(rs.id)
+    B.emit_destroy(rec.id)
   end
   return ...
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
-  local rs = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
-  rawset(get_ctx_table(), KEY, rs)
+  local key = addr(get_request())
+  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  timer_start(key, rec)
   if dq_n > 0 then flush() end
   emit_before(id)
-  return timer_end(rs, once or premature, tok, f(premature, ...))
+  return timer_end(key, rec, once or premature, tok, f(premature, ...))
 end
 
 -- the same without extra arguments: no vararg forwarding, which LuaJIT
 -- does not compile (ngx_lua ignores what a timer callback returns)
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
-  local rs = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
-  rawset(get_ctx_table(), KEY, rs)
+  local key = addr(get_request())
+  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  timer_start(key, rec)
   if dq_n > 0 then flush() end
   if n_before > 0 then emit_before(id) end
   f(premature)
   if n_after > 0 then emit_after(id) end
+  timer_stop(key, rec)
   if tok ~= nil and (once or premature) then
     tok_id[tok] = nil
     B.emit_destroy(id)
   end
 end
 
+-- a timer nobody can observe, registered while a stale record may exist:
+-- removes the one at its own address, then runs as it is
+local function clear_stale()
+  local key = addr(get_request())
+  if timer_recs[key] ~= nil then
+    timer_recs[key] = nil
+    timer_live = timer_live - 1
+  end
+end
+
+local function timer_plain(premature, f, ...)
+  clear_stale()
+  return f(premature, ...)
+end
+
+local function timer_plain0(premature, f)
+  clear_stale()
+  return f(premature)
+end
+
 local function make_timer(real, once)
   return function(delay, f, ...)
     if type(f) ~= "function" then return real(delay, f, ...) end
+    local nargs = select("#", ...)
     -- nothing can observe the registration (no hook, empty frame): the
-    -- callback runs as it is, in its fake request's fresh (empty) context
+    -- callback runs as it is, in its fake request's fresh, empty context
     if n_init + n_before + n_after + n_destroy == 0 and frame_now() == EMPTY then
-      return real(delay, f, ...)
+      if timer_live == 0 then return real(delay, f, ...) end
+      if nargs == 0 then return real(delay, timer_plain0, f) end
+      return real(delay, timer_plain, f, ...)
     end
     local parent = current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
-    if select("#", ...) == 0 then
+    if nargs == 0 then
       ok, err = real(delay, timer_cb0, once, f, parent.frame, id, trigger, res, tok)
     else
       ok, err = real(delay, timer_cb, once, f, parent.frame, id, trigger, res, tok, ...)
