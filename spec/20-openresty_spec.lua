@@ -29,12 +29,12 @@ local SERVER = table.concat({
   "location /soak_stats { " .. app("soak_stats") .. " }",
   [[location /uninstall { content_by_lua_block {
       local ah = require("async_hooks")
-      local t = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      local t = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
       local o = ORIGINALS
       local patched, restored = 0, 0
       for i = 1, #t do if t[i] ~= o[i] then patched = patched + 1 end end
       ah.uninstall()
-      local u = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      local u = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
       for i = 1, #u do if u[i] == o[i] then restored = restored + 1 end end
       local installed = ah.installed()
       ah.uninstall()
@@ -46,7 +46,7 @@ local SERVER = table.concat({
 local HTTP = [[
   lua_shared_dict ah 4m;
   init_by_lua_block {
-    ORIGINALS = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+    ORIGINALS = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
     require("async_hooks").install()
   }
 ]]
@@ -135,7 +135,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
   it("scopes restore on return and error and hold across yields for their thread only", function()
     assert.are.equal(table.concat({
       "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base",
-      "latebase", "base", "nildflt", "later", "store", "nil", "later",
+      "latebase", "base", "nildflt", "later", "store", "nil", "later", "dd", "2",
     }, " "), get("/scopes"))
   end)
 
@@ -143,7 +143,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     local l = lines(get("/hooks"))
     assert.are.same({ "truetruetrue", "true", "true", "truetrue" }, { l[1], l[2], l[3], l[4] })
     assert.are.equal(table.concat({
-      "init coroutine table", "co", "before", "after", "destroy",
+      "init coroutine table", "co", "before", "after", "before", "after", "destroy",
       "thread", "init ngx.thread table", "before", "after", "destroy",
       "timer", "init ngx.timer table", "before", "after", "destroy",
       "resource", "init mine table", "before", "after", "destroy",
@@ -159,7 +159,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()
-    assert.are.equal("6 6 false true", get("/uninstall"))
+    assert.are.equal("7 7 false true", get("/uninstall"))
   end)
 
   it("soak: a few seconds of wrk, zero mismatches", function()

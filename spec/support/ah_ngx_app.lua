@@ -296,6 +296,14 @@ function A.scopes()
   local bound = Snapshot.wrap(function() return rid:get() end)
   rid:set("x2")
   out[#out + 1] = bound()
+  -- disable: the default everywhere, set works again
+  local tmp = AsyncLocal.new { default = "d" }
+  tmp:set(1)
+  local snap2 = Snapshot.new()
+  tmp:disable()
+  out[#out + 1] = tmp:get() .. snap2:run(function() return tmp:get() end)
+  tmp:set(2)
+  out[#out + 1] = s(tmp:get())
   say(out)
 end
 

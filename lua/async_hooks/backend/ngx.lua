@@ -482,20 +482,48 @@ local function body_start(frame, id, trigger, res, tok)
 end
 
 -- the coroutine functions ours call: ngx_lua's (as found at install)
-local std = { create = stdco.create, wrap = stdco.wrap }
+local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 
 local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
     local where, co, rec = body_start(frame, id, trigger, res, tok)
+    rec.coro = true
     return body_done(where, co, rec, f(...))
   end
+end
+
+-- coroutine.yield: `after` when a library coroutine yields, `before` when it
+-- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
+-- make are not visible)
+local function resumed(rec, ...)
+  emit_before(rec.id)
+  return ...
+end
+
+local function co_yield(...)
+  if n_before + n_after > 0 then
+    local co = co_running()
+    local rs, rec = peek(), nil
+    if rs then
+      rec = rs[co]
+    elseif rs == false and co then
+      rec = top_threads[co]
+    end
+    if rec ~= nil and rec.coro then
+      emit_after(rec.id)
+      return resumed(rec, std.yield(...))
+    end
+  end
+  return std.yield(...)
 end
 
 local function co_create(f)
   if type(f) ~= "function" then return std.create(f) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
-  return std.create(co_body(f, parent.frame, id, trigger, res, tok))
+  local co = std.create(co_body(f, parent.frame, id, trigger, res, tok))
+  if res ~= nil then res.thread = co end
+  return co
 end
 
 local function co_wrap(f)
@@ -507,7 +535,7 @@ end
 
 B.coroutine = {
   create = co_create, wrap = co_wrap,
-  resume = stdco.resume, yield = stdco.yield, status = stdco.status,
+  resume = stdco.resume, yield = co_yield, status = stdco.status,
   running = stdco.running, isyieldable = stdco.isyieldable,
 }
 
@@ -650,16 +678,17 @@ end
 
 B.install_options = {}
 
---- Patch coroutine.create/wrap, ngx.thread.spawn/kill, ngx.timer.at/every.
+--- Patch coroutine.create/wrap/yield, ngx.thread.spawn/kill,
+-- ngx.timer.at/every.
 function B.install()
   if persist.orig then return end
   local t, tm = ngx.thread, ngx.timer
   local o = {
-    create = stdco.create, wrap = stdco.wrap,
+    create = stdco.create, wrap = stdco.wrap, yield = stdco.yield,
     spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
   }
-  std.create, std.wrap = o.create, o.wrap
-  stdco.create, stdco.wrap = co_create, co_wrap
+  std.create, std.wrap, std.yield = o.create, o.wrap, o.yield
+  stdco.create, stdco.wrap, stdco.yield = co_create, co_wrap, co_yield
   t.spawn, t.kill = make_spawn(o.spawn), make_kill(o.kill)
   tm.at, tm.every = make_timer(o.at, true), make_timer(o.every, false)
   persist.orig = o
@@ -669,7 +698,7 @@ end
 function B.uninstall()
   local o = persist.orig
   if not o then return end
-  stdco.create, stdco.wrap = o.create, o.wrap
+  stdco.create, stdco.wrap, stdco.yield = o.create, o.wrap, o.yield
   ngx.thread.spawn, ngx.thread.kill = o.spawn, o.kill
   ngx.timer.at, ngx.timer.every = o.at, o.every
   persist.orig = nil
