@@ -11,6 +11,7 @@ local SERVER = table.concat({
       rewrite_by_lua_block { require('ah_ngx_app').phase_rewrite() }
       access_by_lua_block { require('ah_ngx_app').phase_access() }
       content_by_lua_block { require('ah_ngx_app').phase_content() }
+      header_filter_by_lua_block { require('ah_ngx_app').phase_header_filter() }
       log_by_lua_block { require('ah_ngx_app').phase_log() }
     }]],
   "location /phase_read { " .. app("phase_read") .. " }",
@@ -92,6 +93,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     local res = srv:get_many({ "/phase?id=1", "/phase?id=2", "/phase?id=3" })
     for i = 1, 3 do
       assert.are.equal(("r-%d r-%d+a kept\n"):format(i, i), res[i][2])
+      assert.matches("\r\nX%-Rid: r%-" .. i .. "\r\n", res[i][3])
     end
     for i = 1, 3 do
       assert.are.equal(("r-%d|r-%d+a"):format(i, i), get("/phase_read?id=" .. i))
@@ -147,6 +149,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       "thread", "init ngx.thread table", "before", "after", "destroy",
       "timer", "init ngx.timer table", "before", "after", "destroy",
       "resource", "init mine table", "before", "after", "destroy",
+      "gc", "init collected table", "init next table", "destroy", "destroy",
     }, ","), l[5])
   end)
 

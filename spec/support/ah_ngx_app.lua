@@ -75,6 +75,10 @@ function A.phase_content()
   say { rid:get(), other:get(), ngx.ctx.user_field }
 end
 
+function A.phase_header_filter()
+  ngx.header["X-Rid"] = rid:get()
+end
+
 function A.phase_log()
   ngx.shared.ah:set("log" .. arg("id"), rid:get() .. "|" .. other:get())
 end
@@ -358,6 +362,13 @@ function A.hooks()
   r:emitDestroy()
   r:emitDestroy()
   out[#out + 1] = s(got) .. s(ah.executionAsyncId() == parent)
+  -- a resource collected by the GC: destroy is queued by its finalizer and
+  -- delivered at the next dispatch
+  mark("gc")
+  do local _ = ah.AsyncResource.new("collected") end
+  collectgarbage()
+  collectgarbage()
+  ah.AsyncResource.new("next", { requireManualDestroy = true }):emitDestroy()
   hook:disable()
   out[#out + 1] = concat(log, ",")
   ngx.say(concat(out, "\n"))
