@@ -89,7 +89,9 @@ local function throughput()
       if c.install then
         servers[c.name] = servers.unused or servers.lib
       end
-      servers[c.name] = servers[c.name] or N.start { http = http(c.install), server = SERVER, lua_path = N.ROOT .. "/bench/?.lua", prefix_cmd = "taskset -c 0" }
+      servers[c.name] = servers[c.name] or N.start {
+        http = http(c.install), server = SERVER, lua_path = N.ROOT .. "/bench/?.lua", prefix_cmd = "taskset -c 0",
+      }
     end
     -- warm up (JIT, caches)
     for _, c in ipairs(CONFIGS) do wrk(servers[c.name], c.path, 1) end
@@ -107,7 +109,8 @@ local function throughput()
         ratios[k][r] = got[k] / got.base
         cratios[k][r] = cpu.base / cpu[k]
       end
-      io.write(("round %d: req/s base %.0f unused %.0f (%.3fx) lib %.0f (%.3fx) | worker CPU us/req base %.1f unused %.1f (%.3fx) lib %.1f (%.3fx)\n"):format(
+      io.write(("round %d: req/s base %.0f unused %.0f (%.3fx) lib %.0f (%.3fx)"
+        .. " | worker CPU us/req base %.1f unused %.1f (%.3fx) lib %.1f (%.3fx)\n"):format(
         r, got.base, got.unused, ratios.unused[r], got.lib, ratios.lib[r],
         cpu.base, cpu.unused, cratios.unused[r], cpu.lib, cratios.lib[r]))
       io.flush()

@@ -204,14 +204,14 @@ function A.timers()
   end, "x", "y")
   rid:set("every-" .. id)
   local runs = 0
-  local seen = {}
+  local got = {}
   local ok = ngx.timer.every(0.002, function(premature)
     if premature then return end
     runs = runs + 1
     if runs > 3 then return end
-    seen[runs] = rid:get()
+    got[runs] = rid:get()
     rid:set("leak" .. runs)       -- must not reach the next run
-    if runs == 3 then d:set("t_every" .. id, concat(seen, ",")) end
+    if runs == 3 then d:set("t_every" .. id, concat(got, ",")) end
   end)
   rid:set("after")
   for _ = 1, 500 do
@@ -263,9 +263,10 @@ function A.scopes()
   out[#out + 1] = rid:run("in", function(a) return rid:get() .. a end, "!")
   out[#out + 1] = rid:get()
   local e = {}
-  local ok, err = pcall(rid.run, rid, "in", function() other:set("x"); error(e) end)
+  local _, ok, err
+  ok, err = pcall(rid.run, rid, "in", function() other:set("x"); error(e) end)
   out[#out + 1] = s(ok) .. s(err == e) .. rid:get() .. other:get()
-  ok, err = pcall(rid.run, rid, "in", function() error("plain", 0) end)
+  _, err = pcall(rid.run, rid, "in", function() error("plain", 0) end)
   out[#out + 1] = s(err)
   -- yields inside a scope: a light thread sleeps in rid:run while the parent
   -- (and another thread) keep their own values
@@ -286,7 +287,7 @@ function A.scopes()
   out[#out + 1] = select(2, ngx.thread.wait(t))
   out[#out + 1] = select(2, ngx.thread.wait(t2))
   -- the error of a scope that slept
-  ok, err = pcall(rid.run, rid, "slept", function() ngx.sleep(0.001); error("late", 0) end)
+  _, err = pcall(rid.run, rid, "slept", function() ngx.sleep(0.001); error("late", 0) end)
   out[#out + 1] = s(err) .. rid:get()
   -- Snapshot, AsyncLocalStorage, Snapshot.empty
   local snap = Snapshot.new()

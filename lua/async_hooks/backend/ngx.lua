@@ -112,7 +112,7 @@ end
 -- that raised is never seen by a later timer that reuses the address.
 local timer_recs = {}
 local timer_live = 0
-local get_raw_phase = ngx.get_raw_phase
+local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
 local TIMER_PHASE = 0x0080
 -- the address as a Lua number, through 32-bit halves (which the FFI reads
 -- as numbers; tonumber of a 64-bit cdata aborts traces here)
