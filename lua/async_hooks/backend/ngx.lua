@@ -683,10 +683,14 @@ B.install_options = {}
 function B.install()
   if persist.orig then return end
   local t, tm = ngx.thread, ngx.timer
+  if type(t) ~= "table" or type(tm) ~= "table" then return "ngx.thread and ngx.timer are missing" end
   local o = {
     create = stdco.create, wrap = stdco.wrap, yield = stdco.yield,
     spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
   }
+  for k, f in pairs(o) do
+    if type(f) ~= "function" then return "cannot patch " .. k .. " (a " .. type(f) .. ")" end
+  end
   std.create, std.wrap, std.yield = o.create, o.wrap, o.yield
   stdco.create, stdco.wrap, stdco.yield = co_create, co_wrap, co_yield
   t.spawn, t.kill = make_spawn(o.spawn), make_kill(o.kill)
