@@ -2,11 +2,13 @@
 -- AsyncLocal and all hooks enabled.  No error, no lost or mixed context
 -- (the server checks every response against the id in its own request),
 -- flat RSS.  AH_SOAK_SECONDS sets the duration (3 here; `make soak`: 60).
-describe("soak", function()
+local H = require("helpers")
+
+describe("soak #slow", function()
   it("serves every request with its own context, in flat memory", function()
     local seconds = tonumber(os.getenv("AH_SOAK_SECONDS")) or 3
     local out = os.tmpname()
-    os.execute(("lua5.4 bench/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(out, out))
+    os.execute(("%s bench/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(H.lua_cmd(), out, out))
     local port
     for _ = 1, 100 do
       local f = io.open(out)
