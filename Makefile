@@ -20,7 +20,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test test-fast asan asanbuild gcstress valgrind soak faults demo bench dist clean deps
+.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench clean deps
 
 all: build
 
@@ -35,6 +35,7 @@ test: build
 	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
 
 # without the specs tagged #slow (soak: wrk; fault injection: gcc)
+.PHONY: test-fast
 test-fast: build
 	$(call PATHS,$(TREE)) && $(BUSTED) --exclude-tags=slow $(BUSTED_ARGS)
 
@@ -75,16 +76,17 @@ demo: build
 bench: build
 	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
 
+clean:
+	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)
+
 # a binary rock in dist/ that installs offline:
 #   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-scm-1.*.rock
 # (built into a fresh tree, then packed from it: LuaRocks 3.8's
 # `make --pack-binary-rock` gives CMake the default tree's paths)
+.PHONY: dist
 dist: deps
 	rm -rf build.luarocks $(DISTTREE) $(DISTDIR)
 	mkdir -p $(DISTDIR)
 	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
 	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks scm-1
 	rm -rf $(DISTTREE)
-
-clean:
-	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)
