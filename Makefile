@@ -37,7 +37,7 @@ test: build
 # without the specs tagged #slow (soak: wrk; fault injection: gcc)
 .PHONY: test-fast
 test-fast: build
-	$(call PATHS,$(TREE)) && $(BUSTED) --exclude-tags=slow $(BUSTED_ARGS)
+	$(call PATHS,$(TREE)) && $(BUSTED) --run=fast $(BUSTED_ARGS)
 
 asanbuild: deps
 	rm -rf build.luarocks
