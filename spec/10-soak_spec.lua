@@ -40,7 +40,10 @@ describe("soak #slow", function()
     local served = tonumber(stats:match("served=(%d+)"))
     local mismatches = tonumber(stats:match("mismatches=(%d+)"))
     local warm, final = tonumber(stats:match("rss_warm=(%d+)")), tonumber(stats:match("rss_end=(%d+)"))
-    assert.is_true(served > 10000, "requests served: " .. served)
+    -- the ASan build of the server is several times slower, and on a loaded
+    -- machine served about 4000 in 3 s; the plain build serves over 40000
+    local min_served = os.getenv("AH_ASAN") and 1000 or 10000
+    assert.is_true(served > min_served, "requests served: " .. served)
     assert.equal(0, mismatches)
     assert.is_nil(report:match("Non%-2xx"), "non-2xx responses")
     assert.is_nil(report:match("Socket errors: connect"), "connect errors")
