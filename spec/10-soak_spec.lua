@@ -6,7 +6,7 @@ describe("soak", function()
   it("serves every request with its own context, in flat memory", function()
     local seconds = tonumber(os.getenv("AH_SOAK_SECONDS")) or 3
     local out = os.tmpname()
-    os.execute(("lua5.4 bench/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(out, out))
+    os.execute(("lua5.4 spec/support/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(out, out))
     local port
     for _ = 1, 100 do
       local f = io.open(out)
@@ -16,7 +16,7 @@ describe("soak", function()
       os.execute("sleep 0.05")
     end
     assert.truthy(port, "the server started")
-    local w = io.popen(("wrk -t1 -c64 -d%ds -s bench/soak.lua http://127.0.0.1:%s/ 2>&1"):format(seconds, port))
+    local w = io.popen(("wrk -t1 -c64 -d%ds -s spec/support/soak_wrk.lua http://127.0.0.1:%s/ 2>&1"):format(seconds, port))
     local report = w:read("a")
     w:close()
     local pid = io.open(out .. ".pid"):read("l")
