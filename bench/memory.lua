@@ -37,9 +37,11 @@ function M.run()
   for _, mode in ipairs(MODES) do
     local raw = measure("churn", mode, "raw", N)
     local lib = measure("churn", mode, "value", N)
-    print(("| %d requests: heap before / peak / after (KiB), RSS before / after (KiB), ns per request | %s | %.0f / %.0f / %.0f, %d / %d, %.0f | %.0f / %.0f / %.0f, %d / %d, %.0f | |")
-      :format(N, mode, raw.start, raw.peak, raw["end"], raw.rss_start, raw.rss_end, raw.ns,
-        lib.start, lib.peak, lib["end"], lib.rss_start, lib.rss_end, lib.ns))
+    local function fig(r)
+      return ("%.0f / %.0f / %.0f, %d / %d, %.0f"):format(r.start, r.peak, r["end"], r.rss_start, r.rss_end, r.ns)
+    end
+    print(("| %d requests: heap before / peak / after (KiB), RSS before / after (KiB), ns per request"
+      .. " | %s | %s | %s | |"):format(N, mode, fig(raw), fig(lib)))
     local ratio = lib.peak / raw.peak
     local grew = lib["end"] - lib.start
     local flat = grew <= 64 + lib.start * 0.05
