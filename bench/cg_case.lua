@@ -121,6 +121,16 @@ function cases.method_own()
   return "own field"
 end
 
+--- ... and the floor for any C `get()`: `obj:m()` with `m` a bare C
+-- function of the standard library (rawlen) as an own field.
+function cases.cfloor()
+  local obj = { m = rawlen }
+  local x
+  for _ = 1, n do x = obj:m() end
+  assert(x == 0)
+  return "C function"
+end
+
 --- run(v, fn) against a plain call.
 function cases.run()
   local f = function() end

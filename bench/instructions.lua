@@ -8,6 +8,8 @@ local U = require("util")
 local M = {}
 
 local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 2
+-- BENCH_ONLY: a Lua pattern; only rows whose case name matches it
+local ONLY = os.getenv("BENCH_ONLY")
 
 --- The issue's rows: {label, case, variant, baseline case, baseline variant, target}.
 M.ROWS = {
@@ -31,12 +33,14 @@ M.INFO = {
   { "resume/yield, 4 empty hooks", "switch", "hooks", "switch", "raw" },
   { "create + run to completion, 4 empty hooks", "lifecycle", "hooks", "lifecycle", "raw" },
   { "`v:get()` vs `obj:m()` with `m` an own field of `obj`", "get", "installed", "method_own", "installed" },
+  { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
+    "get", "installed", "cfloor", "installed" },
   { "`v:run(i, f)` vs `f(i)`", "run", "installed", "call", "installed" },
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
 local SIZE = { timer_chain = 20000, idle_chain = 20000, switch = 50000, lifecycle = 20000,
-  get = 100000, method = 100000, method_own = 100000, run = 20000, call = 100000 }
+  get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end
 
@@ -87,9 +91,10 @@ end
 function M.run(info)
   local want, seen = {}, {}
   local lists = info and { M.ROWS, M.INFO } or { M.ROWS }
+  local function wanted(row) return not ONLY or row[2]:match(ONLY) end
   for _, list in ipairs(lists) do
     for _, row in ipairs(list) do
-      for _, p in ipairs { { row[2], row[3] }, { row[4], row[5] } } do
+      for _, p in ipairs(wanted(row) and { { row[2], row[3] }, { row[4], row[5] } } or {}) do
         if not seen[key(p[1], p[2])] then
           seen[key(p[1], p[2])] = true
           want[#want + 1] = p
@@ -104,15 +109,15 @@ function M.run(info)
   local out = {}
   for _, list in ipairs(lists) do
     for _, row in ipairs(list) do
-      local a, b = per[key(row[2], row[3])], per[key(row[4], row[5])]
-      local ratio = a.ins / b.ins
-      local note = ""
-      print(("| %s%s | %.0f | %.0f | %.3fx | %s |"):format(row[1], note, a.ins, b.ins, ratio,
-        row[6] and ("<= %.2fx"):format(row[6]) or "-"))
-      if row[6] then
-        out[#out + 1] = { path = row[1] .. note, value = ("%.2fx"):format(ratio),
-          target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6],
-          detail = ("%.0f vs %.0f instr/op"):format(a.ins, b.ins) }
+      if wanted(row) then
+        local a, b = per[key(row[2], row[3])], per[key(row[4], row[5])]
+        local ratio = a.ins / b.ins
+        print(("| %s | %.0f | %.0f | %.3fx | %s |"):format(row[1], a.ins, b.ins, ratio,
+          row[6] and ("<= %.2fx"):format(row[6]) or "-"))
+        if row[6] then
+          out[#out + 1] = { path = row[1], value = ("%.2fx"):format(ratio),
+            target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6] }
+        end
       end
     end
   end
