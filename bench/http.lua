@@ -174,14 +174,32 @@ function M.run()
           cpu_median("node hooks")) or ""))
   end
   local clean = function(c) return c.mismatches == 0 end
+  -- a target counts as met when the throughput ratio meets it and so does
+  -- the CPU-time ratio (where /proc gave one): on a shared machine the
+  -- throughput alone can pass by luck
+  local function meets(name, x, bound)
+    local c = cpu_median(name)
+    return x >= bound and (not c or c >= bound)
+  end
+  local function beats_node()
+    if not node then return true end
+    local c, nc = cpu_median("lua asynclocal"), cpu_median("node als")
+    return als >= nals and (not (c and nc) or c >= nc)
+  end
+  local function cell(name, x)
+    local c = cpu_median(name)
+    return ("%.3fx%s"):format(x, c and (" (cpu %.3fx)"):format(c) or "")
+  end
   return {
     { path = "HTTP, coroutine per request (fs read + 0 ms timer), AsyncLocal set per request vs no tracking",
-      value = ("%.3fx (Node ALS %s)"):format(als, node and ("%.3fx"):format(nals) or "not measured"),
+      value = ("%s; Node ALS %s"):format(cell("lua asynclocal", als),
+        node and cell("node als", nals) or "not measured"),
       target = ">= 0.95x and >= Node's ALS ratio",
-      ok = als >= 0.95 and (not node or als >= nals) and clean(by["lua asynclocal"]) },
+      ok = meets("lua asynclocal", als, 0.95) and beats_node() and clean(by["lua asynclocal"]) },
     { path = "same, 4 empty hooks vs no tracking",
-      value = ("%.3fx (Node hooks %s)"):format(hooks, node and ("%.3fx"):format(nhooks) or "not measured"),
-      target = ">= 0.88x", ok = hooks >= 0.88 and clean(by["lua hooks"]) },
+      value = ("%s; Node hooks %s"):format(cell("lua hooks", hooks),
+        node and cell("node hooks", nhooks) or "not measured"),
+      target = ">= 0.88x", ok = meets("lua hooks", hooks, 0.88) and clean(by["lua hooks"]) },
   }
 end
 
