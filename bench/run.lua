@@ -1,8 +1,9 @@
 --- make bench: the issue-9 table, every row with its target and ok/missed.
---   lua5.4 bench/run.lua            instructions, memory and HTTP rows
+--   lua5.4 bench/run.lua            instructions, memory, HTTP rows, httpinstr
 --   lua5.4 bench/run.lua instr      instruction rows only (make bench-instr)
 --   lua5.4 bench/run.lua memory     memory rows only
 --   lua5.4 bench/run.lua http       HTTP rows only
+--   lua5.4 bench/run.lua httpinstr  instructions per HTTP request (no target)
 --   lua5.4 bench/run.lua micro      also: the older wall-clock benchmarks
 --                                   (micro, callbacks) by name
 -- Knobs: BENCH_SCALE (sizes), BENCH_JOBS (parallel callgrind runs),
@@ -14,7 +15,7 @@ local U = require("util")
 
 local parts = {}
 for i = 1, #arg do parts[arg[i]] = true end
-if next(parts) == nil then parts = { instr = true, memory = true, http = true } end
+if next(parts) == nil then parts = { instr = true, memory = true, http = true, httpinstr = true } end
 local info = os.getenv("BENCH_INFO") ~= "0"
 
 print(("# async_hooks benchmarks (%s, luv %s, scale %g, %s UTC)"):format(
@@ -35,6 +36,7 @@ end
 part("instr", function() return require("instructions").run(info) end)
 part("memory", function() return require("memory").run() end)
 part("http", function() return require("http").run() end)
+part("httpinstr", function() return require("http_instr").run() end)
 for _, legacy in ipairs { "micro", "callbacks" } do
   part(legacy, function() require(legacy); return {} end)
 end
