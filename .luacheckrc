@@ -18,8 +18,6 @@ files["lua/async_hooks/init.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }
--- a wrk script: wrk's globals
-files["bench/soak.lua"] = { globals = { "request", "response", "done", "setup", "init", "delay" }, read_globals = { "wrk" } }
 -- OpenResty: the ngx backend and the code that runs inside nginx (LuaJIT +
 -- ngx_lua globals); the backend patches coroutine.create/wrap/yield
 files["lua/async_hooks/backend/ngx.lua"] = { std = "ngx_lua", globals = { "coroutine" } }
