@@ -305,7 +305,7 @@ describe("luv resource fields", function()
   end)
 
   it("core.luv_wrap checks the op name and the named arguments", function()
-    local wrap, HR = ah.core.luv_wrap, {}
+    local wrap, HR = require("async_hooks.core").luv_wrap, {}
     assert.matches("string expected", select(2, pcall(wrap, print, 1, 0, 0, nil, HR)))
     assert.matches("bad field position", select(2, pcall(wrap, print, 1, 0, 0, nil, HR, "x", { "path", 16 })))
     assert.matches("bad field name", select(2, pcall(wrap, print, 1, 0, 0, nil, HR, "x", { 1, 1 })))
