@@ -108,7 +108,7 @@ describe("the tracing example", function()
   it("50 concurrent requests: logs, upstream traceparents and span trees stay with their request", function()
     local N = 50
     local r = T.run { requests = N }
-    assert.equal(0, ah.core.stats().active)
+    assert.equal(0, require("async_hooks.core").stats().active)
     -- every request answered, with the trace it should have
     local trace_of, front, up = {}, {}, {}
     for i = 1, N do
