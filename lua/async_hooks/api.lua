@@ -543,8 +543,12 @@ return function(B)
     if type(type_name) ~= "string" or type_name == "" then
       error(badarg(1, "new", "non-empty string", type_name), 2)
     end
-    local msg, trigger, manual = check_resource_opts(opts)
-    if msg then error(msg, 2) end
+    local trigger, manual
+    if opts ~= nil then
+      local msg
+      msg, trigger, manual = check_resource_opts(opts)
+      if msg then error(msg, 2) end
+    end
     return make_resource(type_name, trigger, manual)
   end
 
