@@ -20,7 +20,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench clean deps
+.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint
 
 all: build
 
@@ -73,8 +73,27 @@ faults: asanbuild
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua
 
+# the issue-9 table (instructions, memory, HTTP), each row with its target
 bench: build
 	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
+
+# HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc
+# does not understand the LuaLS annotation lines (---@...): it reads a copy
+# without them.
+docs:
+	rm -rf build/docs build/docs-src
+	mkdir -p build/docs-src/async_hooks
+	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
+	ldoc -c config.ld . >/dev/null
+	@echo "build/docs/index.html"
+
+# luacheck (Debian's lua-check) with .luacheckrc
+lint:
+	luacheck lua spec bench examples
+
+# the instruction rows only (callgrind, about a minute)
+bench-instr: build
+	$(call PATHS,$(TREE)) && BENCH_INFO=$${BENCH_INFO:-0} $(LUA) bench/run.lua instr
 
 clean:
 	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)

@@ -8,7 +8,7 @@ describe("soak #slow", function()
   it("serves every request with its own context, in flat memory", function()
     local seconds = tonumber(os.getenv("AH_SOAK_SECONDS")) or 3
     local out = os.tmpname()
-    os.execute(("%s bench/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(H.lua_cmd(), out, out))
+    os.execute(("%s spec/support/soak_server.lua > %s 2>&1 & echo $! > %s.pid"):format(H.lua_cmd(), out, out))
     local port
     for _ = 1, 100 do
       local f = io.open(out)
@@ -19,7 +19,8 @@ describe("soak #slow", function()
     end
     assert.truthy(port, "the server started")
     -- wrk itself is not built for the ASan run's LD_PRELOAD (it would report its own leaks)
-    local w = io.popen(("env -u LD_PRELOAD wrk -t1 -c64 -d%ds -s bench/soak.lua http://127.0.0.1:%s/ 2>&1"):format(seconds, port))
+    local w = io.popen(("env -u LD_PRELOAD wrk -t1 -c64 -d%ds -s spec/support/soak_wrk.lua http://127.0.0.1:%s/ 2>&1")
+      :format(seconds, port))
     local report = w:read("a")
     w:close()
     local pid = io.open(out .. ".pid"):read("l")

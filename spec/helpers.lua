@@ -63,6 +63,21 @@ function H.hook_tracker()
   return track, untrack
 end
 
+--- The error that `f` raises, after checking that its position is `f`'s
+-- own line in the spec file: `f` must be a one-line function that makes the
+-- bad call as a statement (not a tail call).
+function H.raised_here(f)
+  local info = debug.getinfo(f, "S")
+  if info.linedefined ~= info.lastlinedefined then error("H.raised_here: one-line function expected", 2) end
+  local ok, err = pcall(f)
+  if ok then error(("no error raised by the call at line %d"):format(info.linedefined), 2) end
+  local where = ("%s:%d: "):format(info.short_src, info.linedefined)
+  if type(err) ~= "string" or err:sub(1, #where) ~= where then
+    error(("error not positioned at the caller's line %s: %s"):format(where, tostring(err)), 2)
+  end
+  return err:sub(#where + 1)
+end
+
 --- Full garbage collection, twice (finalizers, then what they freed).
 function H.gc()
   collectgarbage("collect")
