@@ -41,7 +41,7 @@ M.INFO = {
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
-local SIZE = { timer_chain = 20000, idle_chain = 20000, switch = 50000, lifecycle = 20000,
+local SIZE = { timer_chain = 10000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end

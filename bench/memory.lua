@@ -71,8 +71,8 @@ local function rows_for(so)
     rows[#rows + 1] = {
       path = ("%s coroutines created and finished, value set: peak live heap vs raw (%s)"):format(
         N == 1e6 and "1e6" or tostring(N), mode),
-      value = ("%.2fx (%.0f vs %.0f KiB); after: Lua heap %+.0f KiB, malloc %+.0f KiB"):format(
-        ratio, lib.peak, raw.peak, grew, mgrew),
+      value = ("%.2fx (%.0f vs %.0f KiB); after: Lua heap %+d KiB, malloc %+d KiB"):format(
+        ratio, lib.peak, raw.peak, math.floor(grew + 0.5), math.floor(mgrew + 0.5)),
       target = "<= 2x, flat", ok = ratio <= 2 and flat,
     }
   end
@@ -93,8 +93,9 @@ local function rows_for(so)
         raw.lua, inst.lua, val.lua))
       local over = math.floor(val.bytes - raw.bytes + 0.5)
       ok = ok and over <= spec[5]
-      steady[#steady + 1] = ("%s %+d B (Lua heap %+.0f B)"):format(mode:sub(1, 3), over, val.lua - raw.lua)
-      first[#first + 1] = ("%+.0f B"):format(val.first - raw.first)
+      steady[#steady + 1] = ("%s %+d B (Lua heap %+d B)"):format(mode:sub(1, 3), over,
+        math.floor(val.lua - raw.lua + 0.5))
+      first[#first + 1] = ("%+d B"):format(math.floor(val.first - raw.first + 0.5))
     end
     rows[#rows + 1] = { path = spec[3], target = spec[4], ok = ok,
       value = ("%s; in a fresh process, while the tables grow: %s"):format(table.concat(steady, ", "),
