@@ -153,6 +153,7 @@ void ah_open_coro(lua_State *L);
 extern const luaL_Reg ah_coro_funcs[];
 
 /* luv.c */
+int ah_luv_resource(lua_State *L, ah_state *st, int s);
 extern const luaL_Reg ah_luv_funcs[];
 
 #endif
