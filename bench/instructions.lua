@@ -32,6 +32,8 @@ M.INFO = {
   { "resume/yield, installed, nothing set", "switch", "installed", "switch", "raw" },
   { "resume/yield, 4 empty hooks", "switch", "hooks", "switch", "raw" },
   { "create + run to completion, 4 empty hooks", "lifecycle", "hooks", "lifecycle", "raw" },
+  { "create + run to completion, value set, incremental GC", "lifecycle@inc", "value", "lifecycle@inc", "raw" },
+  { "0 ms timer chain, value set, incremental GC", "timer_chain@inc", "value", "timer_chain@inc", "raw" },
   { "`v:get()` vs `obj:m()` with `m` an own field of `obj`", "get", "installed", "method_own", "installed" },
   { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
     "get", "installed", "cfloor", "installed" },
@@ -39,7 +41,7 @@ M.INFO = {
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
-local SIZE = { timer_chain = 20000, idle_chain = 20000, switch = 50000, lifecycle = 20000,
+local SIZE = { timer_chain = 10000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end
@@ -54,7 +56,7 @@ end
 local function measure(pairs_)
   local jobs = {}
   for _, p in ipairs(pairs_) do
-    local n = math.max(1, math.floor(SIZE[p[1]] * U.SCALE))
+    local n = math.max(1, math.floor(SIZE[p[1]:gsub("@inc$", "")] * U.SCALE))
     jobs[#jobs + 1] = { p = p, n = n, size = n + 1 }
     jobs[#jobs + 1] = { p = p, n = n, size = 1 }
   end
