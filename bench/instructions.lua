@@ -120,7 +120,7 @@ function M.run(info)
         print(("| %s | %.0f | %.0f | %.3fx | %s |"):format(row[1], a.ins, b.ins, ratio,
           row[6] and ("<= %.2fx"):format(row[6]) or "-"))
         if row[6] then
-          out[#out + 1] = { path = row[1], value = ("%.2fx"):format(ratio),
+          out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio),
             target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6] }
         end
       end
