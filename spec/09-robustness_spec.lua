@@ -233,6 +233,8 @@ describe("the api layer under LuaJIT", function()
       print(msg(function() ah.createHook { init = 1 } end))
       print(ah.createHook { init = callable }.init == callable)
       print(msg(function() ah.install { lvu = 1 } end))
+      B.persist, B.install_options = {}, {}
+      print(msg(function() require("async_hooks.api")(B).install { luv = 1 } end))
     ]]):format(src))
     f:close()
     local p = io.popen(("luajit %s 2>&1"):format(script))
@@ -251,6 +253,7 @@ describe("the api layer under LuaJIT", function()
       "%s:27: bad argument #1 to 'createHook' (hook.init must be a function, got number)",
       "true",
       "%s:29: bad argument #1 to 'install' (unknown option 'lvu'; accepted: luv)",
+      "%s:31: bad argument #1 to 'install' (unknown option 'luv'; accepted: none)",
     }
     local lines = {}
     for line in out:gmatch("[^\n]+") do lines[#lines + 1] = (line:gsub("^.-" .. name:gsub("%p", "%%%0"), "%%s")) end
