@@ -58,18 +58,21 @@ enum { K_HANDLE = 0, K_CREATE, K_CLOSE, K_REQ, K_WORK };
 #define T_HANDLE lua_upvalueindex(AH_NUP + 4)
 #define T_ID lua_upvalueindex(AH_NUP + 5)
 #define T_TRIGGER lua_upvalueindex(AH_NUP + 6)
-#define T_ONESHOT lua_upvalueindex(AH_NUP + 7)
-#define T_INFO lua_upvalueindex(AH_NUP + 8) /* lazy resource: W_INFO, */
-#define T_A1 lua_upvalueindex(AH_NUP + 9)   /* the named arguments */
-#define T_A2 lua_upvalueindex(AH_NUP + 10)
-#define T_NUP (AH_NUP + 10)
+#define T_INFO lua_upvalueindex(AH_NUP + 7) /* W_INFO: op, names, one-shot */
+#define T_NUP (AH_NUP + 7)
+/* only in the trampoline of an op with named arguments whose resource was
+** not made at registration (else reading them gives none) */
+#define T_A1 lua_upvalueindex(AH_NUP + 8)
+#define T_A2 lua_upvalueindex(AH_NUP + 9)
+#define T_NUP_ARGS (AH_NUP + 9)
 
 /* wrapper upvalues, after the shared ones */
 #define W_ORIG lua_upvalueindex(AH_NUP + 1)
 #define W_SPEC lua_upvalueindex(AH_NUP + 2)  /* see l_luv_wrap */
 #define W_TYPE lua_upvalueindex(AH_NUP + 3)  /* nil: the handle's type */
 #define W_HR lua_upvalueindex(AH_NUP + 4)    /* handle -> trampoline */
-#define W_INFO lua_upvalueindex(AH_NUP + 5)  /* {op, field1 name, field2 name} */
+#define W_INFO lua_upvalueindex(AH_NUP + 5)  /* {op, name1, name2, one-shot,
+                                                "op", "handle"} */
 #define W_NUP (AH_NUP + 5)
 
 /* ------------------------------------------------------------------- */
@@ -108,31 +111,44 @@ static void cb_pop(ah_state *st) {
 
 /* Push a registration's resource table {op =, handle =, <name> = value}:
 ** info is the wrapper's {op, name1, name2}; h, a1, a2 the handle and the
-** two named arguments (0 or a nil value: absent). */
+** two named arguments (0, none or nil: absent). */
 static void push_res(lua_State *L, int info, int h, int a1, int a2) {
-  int i, v[2];
+  int i, n = 1, v[2];
   info = lua_absindex(L, info);
-  h = h ? lua_absindex(L, h) : 0;
-  v[0] = a1 ? lua_absindex(L, a1) : 0;
-  v[1] = a2 ? lua_absindex(L, a2) : 0;
-  lua_createtable(L, 0, 4);
+  h = h && !lua_isnoneornil(L, h) ? lua_absindex(L, h) : 0;
+  v[0] = a1 && !lua_isnoneornil(L, a1) ? lua_absindex(L, a1) : 0;
+  v[1] = a2 && !lua_isnoneornil(L, a2) ? lua_absindex(L, a2) : 0;
+  n += (h != 0) + (v[0] != 0) + (v[1] != 0);
+  lua_createtable(L, 0, n);
+  lua_rawgeti(L, info, 5); /* "op" (keys kept in info: no lookup by name) */
   lua_rawgeti(L, info, 1);
-  lua_setfield(L, -2, "op");
-  if (h && !lua_isnil(L, h)) {
+  lua_rawset(L, -3);
+  if (h) {
+    lua_rawgeti(L, info, 6); /* "handle" */
     lua_pushvalue(L, h);
-    lua_setfield(L, -2, "handle");
+    lua_rawset(L, -3);
   }
   for (i = 0; i < 2; i++) {
-    if (!v[i] || lua_isnil(L, v[i])) continue;
+    if (!v[i]) continue;
     lua_rawgeti(L, info, i + 2); /* its name: set whenever a position is */
     lua_pushvalue(L, v[i]);
     lua_rawset(L, -3);
   }
 }
 
+/* is the registration whose info table is at idx a one-shot request? */
+static int oneshot(lua_State *L, int idx) {
+  int r;
+  lua_rawgeti(L, idx, 4);
+  r = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return r;
+}
+
 /* A tracked registration made while nothing asked for resources (no init
 ** hook, executionAsyncResource() never called) has no resource table
 ** (T_RES nil) but keeps what one needs (T_INFO, T_HANDLE, T_A1, T_A2).
+** R[s] normally holds false for "none": the trampoline stands in for it.
 ** While its callback runs, R[s] holds the trampoline itself (not anchored:
 ** it is on the stack meanwhile), and the first executionAsyncResource() in
 ** that callback or its before/after hooks makes the table here.  The value
@@ -157,10 +173,10 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   }
   lua_getupvalue(L, top, AH_NUP + 3); /* T_RES (made by a nested entry?) */
   if (!lua_istable(L, -1)) {
-    lua_getupvalue(L, top, AH_NUP + 8);  /* T_INFO */
-    lua_getupvalue(L, top, AH_NUP + 4);  /* T_HANDLE */
-    lua_getupvalue(L, top, AH_NUP + 9);  /* T_A1 */
-    lua_getupvalue(L, top, AH_NUP + 10); /* T_A2 */
+    lua_getupvalue(L, top, AH_NUP + 7); /* T_INFO */
+    lua_getupvalue(L, top, AH_NUP + 4); /* T_HANDLE */
+    if (!lua_getupvalue(L, top, AH_NUP + 8)) lua_pushnil(L); /* T_A1 */
+    if (!lua_getupvalue(L, top, AH_NUP + 9)) lua_pushnil(L); /* T_A2 */
     push_res(L, top + 2, top + 3, top + 4, top + 5);
     lua_replace(L, top + 1);
     lua_settop(L, top + 1);
@@ -207,8 +223,7 @@ static int tramp(lua_State *L) {
   ah_set_resource(L, s, n + 1);
   ah_set_frame(L, s, n + 2);
   st->active--;
-  if (lua_toboolean(L, T_ONESHOT) && st->nhooks[AH_DESTROY])
-    ah_queue_destroy(st, id);
+  if (st->nhooks[AH_DESTROY] && oneshot(L, T_INFO)) ah_queue_destroy(st, id);
   ah_flush_maybe(L, st);
   if (status != LUA_OK) return lua_error(L); /* the error object is on top */
   return 0;
@@ -344,16 +359,15 @@ static int wrapped(lua_State *L) {
     if (has_handle) lua_pushvalue(L, 1); else lua_pushnil(L); /* T_HANDLE */
     lua_pushinteger(L, id);                      /* T_ID */
     lua_pushinteger(L, trigger);                 /* T_TRIGGER */
-    lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* T_ONESHOT */
-    if (eager) { /* what a resource made later needs (T_INFO, T_A1, T_A2) */
-      lua_settop(L, lua_gettop(L) + 3);
-    } else {
-      lua_pushvalue(L, W_INFO);
-      if (f1) lua_pushvalue(L, f1); else lua_pushnil(L);
-      if (f2) lua_pushvalue(L, f2); else lua_pushnil(L);
+    lua_pushvalue(L, W_INFO);                    /* T_INFO */
+    if (eager || !(spec >> 12)) {
+      lua_pushcclosure(L, tramp, T_NUP);         /* n+2 */
+    } else { /* the named arguments, for a resource made later */
+      if (f1) lua_pushvalue(L, f1); else lua_pushnil(L); /* T_A1 */
+      if (f2) lua_pushvalue(L, f2); else lua_pushnil(L); /* T_A2 */
+      lua_pushcclosure(L, tramp, T_NUP_ARGS);    /* n+2 */
     }
   }
-  lua_pushcclosure(L, tramp, T_NUP);           /* n+2 */
   /* a handle's registration is destroyed when replaced or closed: keep it
   ** in HR when someone listens for destroys */
   forget_handle(L, st, 1);
@@ -406,9 +420,15 @@ static int l_luv_wrap(lua_State *L) {
   luaL_argcheck(L, kind >= K_HANDLE && kind <= K_WORK, 4, "bad kind");
   luaL_checktype(L, 6, LUA_TTABLE);
   luaL_checktype(L, 7, LUA_TSTRING);
-  lua_createtable(L, 3, 0); /* 9: info */
+  lua_createtable(L, 6, 0); /* 9: info */
   lua_pushvalue(L, 7);
   lua_rawseti(L, 9, 1);
+  lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* one-shot */
+  lua_rawseti(L, 9, 4);
+  lua_pushliteral(L, "op");
+  lua_rawseti(L, 9, 5);
+  lua_pushliteral(L, "handle");
+  lua_rawseti(L, 9, 6);
   if (!lua_isnoneornil(L, 8)) {
     luaL_checktype(L, 8, LUA_TTABLE);
     for (i = 0; i < 2; i++) {
@@ -465,7 +485,8 @@ static int l_enter(lua_State *L) {
     st->active += 2;
     st->slots[s].id = id;
     st->slots[s].trigger = trigger;
-    ah_set_resource(L, s, -3);
+    if (!lua_isnil(L, -3) || (st->slots[s].anchored & A_RES))
+      ah_set_resource(L, s, -3);
     if (lua_isnil(L, -3)) { /* not made yet: R[s] = the trampoline */
       lua_pushvalue(L, 1);
       lua_rawseti(L, AH_UV_R, s);
@@ -502,9 +523,9 @@ static int l_leave(lua_State *L) {
     st->active--;
   }
   if (lua_tocfunction(L, 6) == tramp && st->nhooks[AH_DESTROY]) {
-    lua_getupvalue(L, 6, AH_NUP + 7); /* T_ONESHOT */
+    lua_getupvalue(L, 6, AH_NUP + 7); /* T_INFO */
     lua_getupvalue(L, 6, AH_NUP + 5); /* T_ID */
-    if (lua_toboolean(L, -2)) ah_queue_destroy(st, lua_tointeger(L, -1));
+    if (oneshot(L, -2)) ah_queue_destroy(st, lua_tointeger(L, -1));
     lua_pop(L, 2);
   }
   s = ah_slot_of(L, st);
