@@ -6,20 +6,23 @@
 -- Where the context lives:
 --
 -- * A request's state `rs` is a table stored in its `ngx.ctx` under a private
---   key (read with `rawget`).  It is the context record of the request's
---   entry threads, so the rewrite/access/content/log handlers share it, and it
---   dies with the request.  ngx_lua recycles Lua thread objects across
---   requests; nothing here is keyed by a thread alone, so a recycled thread
---   never sees another request's values.
+--   key (read with `rawget`; looked up without making the ctx, made by the
+--   first set/run).  It is the context record of the request's entry
+--   threads, so the rewrite/access/content/filter/log handlers share it, and
+--   it dies with the request.  ngx_lua recycles Lua thread objects (and
+--   request memory) across requests; nothing here is keyed by a thread alone,
+--   so a recycled thread never sees another request's values.
 -- * Threads that the library starts for the request (coroutines made by
 --   `coroutine.create`/`wrap`, `ngx.thread.spawn` light threads) get their own
 --   record, `rs[thread]`, made when their body starts and removed when it
---   returns.
--- * A timer callback runs in a fake request with a fresh `ngx.ctx`: the
---   trampoline puts a fresh `rs` there, starting in the frame captured by
---   `ngx.timer.at`/`every` (carried as extra timer arguments).
--- * Outside requests (init, init_worker) one top-level record, and one record
---   per library coroutine in a weak table.
+--   returns; `rs.n` counts them, so that a request without any pays no
+--   `coroutine.running()` (which LuaJIT does not compile).
+-- * A timer callback runs in a fake request: the trampoline keeps its record
+--   in `timer_recs` by the fake request's address while it runs, starting in
+--   the frame captured by `ngx.timer.at`/`every` (carried as extra timer
+--   arguments).  A registration nothing can observe is not wrapped at all.
+-- * Outside requests (init_by_lua) one top-level record, and one record per
+--   library coroutine in a weak table.
 --
 -- A frame is an immutable table {token -> value} (weak keys, so that
 -- `disable()` makes values collectable); `NILV` stands for an explicit nil.
