@@ -136,7 +136,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
 
   it("scopes restore on return and error and hold across yields for their thread only", function()
     assert.are.equal(table.concat({
-      "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base",
+      "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base", "sock:204/base",
       "latebase", "base", "nildflt", "later", "store", "nil", "later", "dd", "2",
     }, " "), get("/scopes"))
   end)
