@@ -93,7 +93,8 @@ function N.start(o)
   local p = io.popen("mktemp -d " .. prefix .. "/ah-nginx-XXXXXX")
   prefix = p:read("l")
   p:close()
-  assert(sh(("mkdir -p '%s/conf' '%s/logs' '%s/temp'"):format(prefix, prefix, prefix)))
+  -- workers run as nobody when the master is root: let them in
+  assert(sh(("mkdir -p '%s/conf' '%s/logs' '%s/temp' && chmod 755 '%s'"):format(prefix, prefix, prefix, prefix)))
   local port = o.port or N.free_port()
   local fg = o.foreground
   spit(prefix .. "/conf/nginx.conf", CONF:format(o.workers or 1, fg and "off" or "on", fg and "off" or "on",
