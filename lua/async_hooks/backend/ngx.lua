@@ -152,8 +152,9 @@ local function reqstate()
   return new_reqstate()
 end
 
--- the record of what runs now, made when missing
-local function current()
+-- the record of what runs now, or nil when the request has none yet (makes
+-- nothing)
+local function lookup()
   local rs = peek()
   if rs then
     if rs.n == 0 then return rs end
@@ -163,21 +164,17 @@ local function current()
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  return timer_rec() or new_reqstate()
+  return timer_rec()
+end
+
+-- the record of what runs now, made when missing
+local function current()
+  return lookup() or new_reqstate()
 end
 
 -- the frame of what runs now (makes nothing)
 local function frame_now()
-  local rs = peek()
-  if rs then
-    if rs.n == 0 then return rs.frame end
-    return (rs[co_running()] or rs).frame
-  end
-  if rs == false then
-    local co = co_running()
-    return (co and top_threads[co] or TOP).frame
-  end
-  local rec = timer_rec()
+  local rec = lookup()
   if rec ~= nil then return rec.frame end
   return EMPTY
 end
@@ -652,14 +649,15 @@ local function make_timer(real, once)
   return function(delay, f, ...)
     if type(f) ~= "function" then return real(delay, f, ...) end
     local nargs = select("#", ...)
+    local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
-    if n_init + n_before + n_after + n_destroy == 0 and frame_now() == EMPTY then
+    if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent.frame == EMPTY) then
       if timer_live == 0 then return real(delay, f, ...) end
       if nargs == 0 then return real(delay, timer_plain0, f) end
       return real(delay, timer_plain, f, ...)
     end
-    local parent = current()
+    parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
     if nargs == 0 then
