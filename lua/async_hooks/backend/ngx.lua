@@ -56,12 +56,19 @@ local EMPTY = setmetatable({}, WEAKK)
 local TOKMT = { __name = "async_hooks.token" }
 local KEY = {} -- our key in ngx.ctx
 
+-- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
+-- from compiling the common case, the first value of an empty frame)
+local function copy(frame)
+  local nf = {}
+  for k, v in pairs(frame) do nf[k] = v end
+  return nf
+end
+
 --- a frame like `frame` with `tok` set to `value`
 local function with(frame, tok, value)
   if value == nil then value = NILV end
   if frame == EMPTY then return setmetatable({ [tok] = value }, WEAKK) end
-  local nf = {}
-  for k, v in pairs(frame) do nf[k] = v end
+  local nf = copy(frame)
   nf[tok] = value
   return setmetatable(nf, WEAKK)
 end
