@@ -2,7 +2,7 @@
 -- hand, on a real nginx (lua-nginx-module, LuaJIT).  Run with Lua 5.4 from
 -- the repository root (`make openresty-bench`):
 --
---   lua5.4 bench/openresty.lua [rounds] [seconds] [callgrind requests]
+--   lua5.4 bench/openresty.lua [rounds] [seconds] [callgrind requests] [callgrind repetitions]
 --
 -- Handler (bench/openresty_app.lua): ngx.sleep(0), a timer hand-off, two log
 -- lines reading the id.  Three configurations:
@@ -25,6 +25,7 @@ local NICE = io.popen("id -u"):read("l") == "0" and "nice -n -15" or ""
 local ROUNDS = tonumber(arg[1]) or 5
 local SECS = tonumber(arg[2]) or 3
 local CG_N = tonumber(arg[3]) or 200
+local CG_REPS = tonumber(arg[4]) or 3 -- JIT trace formation varies from run to run
 
 local SERVER = [[
     location /hand { content_by_lua_block { require("openresty_app").hand() } }
@@ -160,10 +161,16 @@ local function instructions()
   end
   local per = {}
   for _, c in ipairs(CONFIGS) do
-    local a = callgrind_ir(c, CG_N)
-    local b = callgrind_ir(c, 5 * CG_N)
-    per[c.name] = (b - a) / (4 * CG_N)
-    print(("callgrind %-6s %8.0f instructions/request"):format(c.name, per[c.name]))
+    local runs = {}
+    for i = 1, CG_REPS do
+      local a = callgrind_ir(c, CG_N)
+      local b = callgrind_ir(c, 5 * CG_N)
+      runs[i] = (b - a) / (4 * CG_N)
+    end
+    per[c.name] = median(runs)
+    local each = {}
+    for i, v in ipairs(runs) do each[i] = ("%.0f"):format(v) end
+    print(("callgrind %-6s %8.0f instructions/request (median of %s)"):format(c.name, per[c.name], table.concat(each, ", ")))
   end
   print(("callgrind: unused %+.0f (%.3fx), lib %+.0f (%.3fx) instructions/request vs base"):format(
     per.unused - per.base, per.base / per.unused, per.lib - per.base, per.base / per.lib))
