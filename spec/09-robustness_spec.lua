@@ -276,6 +276,15 @@ describe("install / uninstall", function()
       assert.equal(preload, package.preload.luv, "case " .. i)
       assert.is_false(core.luv_attached(), "case " .. i)
     end
+    -- a package.loaded.luv that is not luv is refused too, by its name
+    local loaded = package.loaded.luv
+    package.loaded.luv = { "not luv" }
+    local ok, err = pcall(ah.install)
+    package.loaded.luv = loaded
+    assert.is_false(ok)
+    assert.matches("luv module in package.loaded.luv expected, got a table without 'new_check'", err)
+    assert.is_false(ah.installed())
+    assert.equal(orig.create, coroutine.create)
   end)
 
   -- hosts that bundle luv register it in package.preload (issue 10 #5)
