@@ -159,8 +159,10 @@ describe("bad input", function()
     r:emitDestroy()
     h:disable()
     local id = r:asyncId()
+    local mine = {} -- (destroys of resources collected meanwhile may come too)
+    for _, c in ipairs(calls) do if c[2] == id then mine[#mine + 1] = c end end
     assert.same({ { "init", id, "T", ah.executionAsyncId(), r }, { "before", id }, { "after", id }, { "destroy", id } },
-      calls)
+      mine)
     -- __call that is itself a callable table: accepted, as by the C core
     local inner = callable("inner")
     local outer = setmetatable({}, { __call = inner })
