@@ -22,6 +22,17 @@
 #define ah_closethread(co, from) ((void)(from), lua_resetthread(co))
 #endif
 
+/* branch hints */
+#if defined(__GNUC__) || defined(__clang__)
+#define AH_NOINLINE __attribute__((noinline))
+#define ah_likely(x) __builtin_expect(((x) != 0), 1)
+#define ah_unlikely(x) __builtin_expect(((x) != 0), 0)
+#else
+#define AH_NOINLINE
+#define ah_likely(x) (x)
+#define ah_unlikely(x) (x)
+#endif
+
 /* the module's one exported symbol (everything else is hidden) */
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_EXPORT __attribute__((visibility("default")))

@@ -28,7 +28,7 @@ enum { AH_INIT = 1, AH_BEFORE, AH_AFTER, AH_DESTROY, AH_NKINDS = AH_DESTROY };
 enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 
 /* shared upvalues of every core function */
-#define AH_UV_STATE lua_upvalueindex(1)
+#define AH_UV_STATE lua_upvalueindex(1) /* light userdata: ah_state* */
 #define AH_UV_F lua_upvalueindex(2) /* slot -> current frame (weak values) */
 #define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
 #define AH_UV_T lua_upvalueindex(4) /* thread -> frame anchor (weak keys) */
@@ -53,6 +53,7 @@ enum {
   AUX_MAINRES,   /* anchor of the main thread's resource */
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
+  AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
   AUX_N
 };
 
@@ -64,6 +65,7 @@ typedef struct ah_slot {
   lua_Integer base_trigger;
   void *gctok;          /* finalizer token (has_gc), valid while L lives */
   int next_free;
+  unsigned scopes;      /* open scope guards (coroutines: the guard chain) */
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* a finalizer token frees the slot */

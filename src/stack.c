@@ -319,6 +319,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
   sl->destroyed = 0;
+  sl->scopes = 0;
   sl->anchored = kind == AH_KMAIN ? K_FRAME | K_RES : 0; /* aux slots */
   sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
@@ -550,10 +551,15 @@ AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
   lua_pushcfunction(L, state_gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
+  /* upvalue 1 is a light pointer (cheaper to read on every call); the
+  ** aux table anchors the userdata itself */
+  lua_pushlightuserdata(L, st);
   weak_table(L, "v"); /* F */
   weak_table(L, "v"); /* R */
   weak_table(L, "k"); /* T */
   lua_createtable(L, AUX_N, 0);
+  lua_pushvalue(L, -6);
+  lua_rawseti(L, -2, AUX_STATE);
   weak_table(L, "v"); /* TH */
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
