@@ -114,6 +114,10 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
 }
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
+int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
+                 lua_Integer trigger);
+void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
+                     int frame_idx);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);

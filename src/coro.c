@@ -34,12 +34,25 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
 static int co_create(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *NL;
+  int s, top;
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  lua_settop(L, 1);
   NL = lua_newthread(L);
   lua_pushvalue(L, 1);
   lua_xmove(L, NL, 1);
-  init_coroutine(L, st, 2);
+  top = lua_gettop(L);
+  s = ah_slot_of(L, st);
+  if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
+                st->free_low >= 0)) {
+    int ns = ah_take_slot(L, st, NL, st->slots[s].id);
+    lua_pushvalue(L, top);
+    lua_rawseti(L, AH_UV_TH, ns);
+    lua_rawgeti(L, AH_UV_F, s);
+    if (ah_unlikely(lua_topointer(L, top + 1) != st->empty))
+      ah_anchor_frame(L, st, ns, top, top + 1);
+    lua_rawseti(L, AH_UV_F, ns);
+    return 1;
+  }
+  init_coroutine(L, st, top);
   return 1;
 }
 

@@ -246,12 +246,17 @@ static void clear(lua_State *L, int s) {
 
 /* The thread of slot s finished for good (returned, or was closed): its
 ** slot is free for reuse at once, and the thread is marked released. */
+/* F[s] and TH[s] of a free slot are stale (weak values, overwritten by the
+** next registration); R[s] of a free slot is always nil or false. */
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
   if (sl->kind == AH_KMAIN) return;
   if (sl->has_gc) ((ah_cotok *)sl->gctok)->slot = -1;
   ah_extra(sl->L) = AH_RELEASED;
-  clear(L, s);
+  if (sl->anchored & A_RES) {
+    lua_pushnil(L);
+    lua_rawseti(L, AH_UV_R, s);
+  }
   free_slot(st, s);
 }
 
@@ -296,8 +301,8 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   ah_cotok *tok = NULL;
   ah_slot *sl;
   int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
-  thread_idx = lua_absindex(L, thread_idx);
-  frame_idx = lua_absindex(L, frame_idx);
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
   if (has_gc) { /* first: the only step here that can run finalizers */
     tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
@@ -308,30 +313,62 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     aux_eph_set(L, AUX_TGC, thread_idx, -1);
     lua_pop(L, 1);
   }
-  if (st->free_low < 0 && st->free_high < 0 &&
+  if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
-  s = alloc_slot(st);
+  s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
-  sl->L = co;
   sl->gctok = tok;
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
-  sl->destroyed = 0;
-  sl->scopes = 0;
-  sl->anchored = kind == AH_KMAIN ? K_FRAME | K_RES : 0; /* aux slots */
-  sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
-  sl->base_trigger = sl->trigger = trigger;
-  ah_extra(co) = (uintptr_t)s;
+  if (kind == AH_KMAIN) {
+    sl->anchored = K_FRAME | K_RES; /* aux slots */
+    sl->base_id = sl->id = 1;
+    st->next_id--;
+  }
   if (tok) tok->slot = s;
-  /* raw sets never run finalizers: nothing can reuse s meanwhile */
+  /* raw sets never run finalizers: nothing can reuse s meanwhile.  Slot
+  ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
-  lua_pushboolean(L, 0);
-  lua_rawseti(L, AH_UV_R, s);
-  set_frame_of(L, st, s, thread_idx, frame_idx);
+  if (lua_topointer(L, frame_idx) != st->empty) {
+    eph_set(L, AH_UV_T, thread_idx, frame_idx);
+    sl->anchored |= A_FRAME | K_FRAME;
+  }
+  lua_pushvalue(L, frame_idx);
+  lua_rawseti(L, AH_UV_F, s);
   return s;
+}
+
+/* Take a free slot (one must exist) for thread co, a coroutine with a fresh
+** asyncId; its TH and F entries are the caller's to write. */
+int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
+                 lua_Integer trigger) {
+  int s = alloc_slot(st);
+  ah_slot *sl = &st->slots[s];
+  (void)L;
+  sl->L = co;
+  sl->gctok = NULL;
+  sl->has_gc = 0;
+  sl->kind = AH_KCORO;
+  sl->destroyed = 0;
+  sl->scopes = 0;
+  sl->anchored = 0;
+  sl->base_id = sl->id = st->next_id++;
+  sl->base_trigger = sl->trigger = trigger;
+  ah_extra(co) = (uintptr_t)s;
+  return s;
+}
+
+/* anchor the (non-empty) frame at frame_idx to the thread at thread_idx,
+** whose slot is s */
+void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
+                     int frame_idx) {
+  lua_pushvalue(L, thread_idx);
+  lua_pushvalue(L, frame_idx);
+  lua_rawset(L, AH_UV_T);
+  st->slots[s].anchored |= A_FRAME | K_FRAME;
 }
 
 /* A thread that never got a slot: a coroutine created behind the library's
@@ -480,7 +517,9 @@ static int build(lua_State *L) {
   st->slots = st->inline_slots;
   st->cap = AH_INLINE;
   st->free_low = st->free_high = -1;
-  for (i = AH_INLINE - 1; i >= 0; i--) push_free(st, i);
+  /* slot 0 is never handed out: a thread whose extra space is still zero
+  ** has no slot, and F/R/TH keep every slot in their array part */
+  for (i = AH_INLINE - 1; i >= 1; i--) push_free(st, i);
   st->next_id = 2;
   st->cb = st->cb_inline;
   st->cb_cap = AH_CB_INLINE;
@@ -517,7 +556,7 @@ static int build(lua_State *L) {
   ah_open_hooks(L);
   ah_open_scope(L);
 
-  /* the main thread: slot 0, asyncId 1, triggerAsyncId 0 */
+  /* the main thread: slot 1, asyncId 1, triggerAsyncId 0 */
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   ah_register(L, st, -2, -1, 0, AH_KMAIN);
   lua_pop(L, 2);
@@ -532,8 +571,8 @@ static int build(lua_State *L) {
   return 1;
 }
 
-static void weak_table(lua_State *L, const char *mode) {
-  lua_newtable(L);
+static void weak_table(lua_State *L, const char *mode, int narr) {
+  lua_createtable(L, narr, 0);
   lua_createtable(L, 0, 1);
   lua_pushstring(L, mode);
   lua_setfield(L, -2, "__mode");
@@ -554,13 +593,13 @@ AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
   /* upvalue 1 is a light pointer (cheaper to read on every call); the
   ** aux table anchors the userdata itself */
   lua_pushlightuserdata(L, st);
-  weak_table(L, "v"); /* F */
-  weak_table(L, "v"); /* R */
-  weak_table(L, "k"); /* T */
+  weak_table(L, "v", AH_INLINE); /* F */
+  weak_table(L, "v", AH_INLINE); /* R */
+  weak_table(L, "k", 0);         /* T */
   lua_createtable(L, AUX_N, 0);
   lua_pushvalue(L, -6);
   lua_rawseti(L, -2, AUX_STATE);
-  weak_table(L, "v"); /* TH */
+  weak_table(L, "v", AH_INLINE); /* TH */
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
   lua_pushvalue(L, -1);
