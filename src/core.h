@@ -120,6 +120,7 @@ void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
+void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);

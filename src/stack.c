@@ -99,8 +99,8 @@ static void free_slot(ah_state *st, int s) {
 
 /* eph[thread] = value at idx (nil removes); thread_idx 0: the running one.
 ** The main thread never dies: its anchors are plain aux slots (no hashing). */
-static void eph_set(lua_State *L, int eph, int thread_idx, int idx) {
-  ah_state *st = ah_st(L);
+static void eph_set(lua_State *L, ah_state *st, int eph, int thread_idx,
+                    int idx) {
   lua_State *th = thread_idx ? lua_tothread(L, thread_idx) : L;
   if (th == st->mainL) {
     lua_pushvalue(L, idx);
@@ -159,14 +159,14 @@ void ah_set_guard(lua_State *L, int idx) {
 ** allocates.  F[s] and R[s] exist from registration on. */
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
-  idx = lua_absindex(L, idx);
-  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  if (idx < 0) idx = lua_absindex(L, idx);
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
-    eph_set(L, AH_UV_T, thread_idx, idx);
+    eph_set(L, st, AH_UV_T, thread_idx, idx);
     st->slots[s].anchored |= A_FRAME | K_FRAME;
   } else if (st->slots[s].anchored & A_FRAME) {
     lua_pushboolean(L, 0);
-    eph_set(L, AH_UV_T, thread_idx, lua_gettop(L));
+    eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
     lua_pop(L, 1);
     st->slots[s].anchored &= ~A_FRAME;
   }
@@ -204,7 +204,7 @@ void ah_reserve(lua_State *L, int s) {
   ah_state *st = ah_st(L);
   if (!(st->slots[s].anchored & K_FRAME)) {
     lua_pushboolean(L, 0);
-    eph_set(L, AH_UV_T, 0, lua_gettop(L));
+    eph_set(L, st, AH_UV_T, 0, lua_gettop(L));
     lua_pop(L, 1);
     st->slots[s].anchored |= K_FRAME;
   }
@@ -219,6 +219,11 @@ void ah_reserve(lua_State *L, int s) {
 /* make the value at idx the current frame of L (whose slot is s) */
 void ah_set_frame(lua_State *L, int s, int idx) {
   set_frame_of(L, ah_st(L), s, 0, idx);
+}
+
+/* the same, for callers that hold st already */
+void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx) {
+  set_frame_of(L, st, s, 0, idx);
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
@@ -333,7 +338,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
   if (lua_topointer(L, frame_idx) != st->empty) {
-    eph_set(L, AH_UV_T, thread_idx, frame_idx);
+    eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
     sl->anchored |= A_FRAME | K_FRAME;
   }
   lua_pushvalue(L, frame_idx);
