@@ -42,9 +42,14 @@
 #define AH_EXPORT
 #endif
 
-/* One pointer-sized raw slot per lua_State.  async_hooks stores the index
-** of the thread's context slot there (never a pointer, so a value that was
-** never written by us cannot be dereferenced). */
+/* One pointer-sized raw slot per lua_State, reserved by the manual for the
+** host.  When the host leaves it unused (the main thread's bytes are zero
+** when the module loads), async_hooks stores the index of the thread's
+** context slot there (never a pointer, so a value that was never written by
+** us cannot be dereferenced); otherwise it never writes it (see
+** ah_bind_thread). */
 #define ah_extra(L) (*(uintptr_t *)lua_getextraspace(L))
+/* the slot index fits in the extra space (it does in every stock build) */
+#define AH_EXTRA_FITS (LUA_EXTRASPACE >= sizeof(uintptr_t))
 
 #endif

@@ -54,6 +54,8 @@ enum {
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
+  AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
+                 ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_N
 };
 
@@ -89,6 +91,7 @@ typedef struct ah_state {
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
+  int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
@@ -107,11 +110,18 @@ enum { A_FRAME = 1, A_RES = 2, K_FRAME = 4, K_RES = 8 }; /* K_: key exists */
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
 int ah_slot_slow(lua_State *L, ah_state *st);
+/* The slot of the running thread.  Reading the extra space is safe even
+** when the host owns it (st->extra == 0): a value passes only if slot s
+** names this very thread, and then s is its slot. */
 static inline int ah_slot_of(lua_State *L, ah_state *st) {
-  uintptr_t s = ah_extra(L);
-  if (s < (uintptr_t)st->cap && st->slots[s].L == L) return (int)s;
+  if (AH_EXTRA_FITS) {
+    uintptr_t s = ah_extra(L);
+    if (s < (uintptr_t)st->cap && st->slots[s].L == L) return (int)s;
+  }
   return ah_slot_slow(L, st);
 }
+int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx);
+void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx);
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
 int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,

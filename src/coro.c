@@ -43,7 +43,10 @@ static int co_create(lua_State *L) {
   s = ah_slot_of(L, st);
   if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
                 st->free_low >= 0)) {
-    int ns = ah_take_slot(L, st, NL, st->slots[s].id);
+    int ns;
+    if (ah_unlikely(!st->extra)) goto full; /* binding allocates */
+    ns = ah_take_slot(L, st, NL, st->slots[s].id);
+    ah_bind_thread(L, st, ns, top);
     lua_pushvalue(L, top);
     lua_rawseti(L, AH_UV_TH, ns);
     lua_rawgeti(L, AH_UV_F, s);
@@ -52,6 +55,7 @@ static int co_create(lua_State *L) {
     lua_rawseti(L, AH_UV_F, ns);
     return 1;
   }
+full:
   init_coroutine(L, st, top);
   return 1;
 }
@@ -60,15 +64,13 @@ static int co_create(lua_State *L) {
 ** the library's back with the resumer's context; -1 for a coroutine that
 ** finished and gave its slot back */
 static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
-  uintptr_t cs = ah_extra(co);
-  int s;
-  if (cs < (uintptr_t)st->cap && st->slots[cs].L == co) return (int)cs;
-  if (cs == AH_RELEASED) return -1;
+  int s, cs = ah_slot_find(L, st, co, co_idx);
+  if (cs != 0) return cs;
   s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s);
-  cs = (uintptr_t)ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
+  cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
   lua_pop(L, 1);
-  return (int)cs;
+  return cs;
 }
 
 /* a coroutine with status LUA_OK that can start */

@@ -257,7 +257,15 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
   if (sl->kind == AH_KMAIN) return;
   if (sl->has_gc) ((ah_cotok *)sl->gctok)->slot = -1;
-  ah_extra(sl->L) = AH_RELEASED;
+  if (st->extra) {
+    ah_extra(sl->L) = AH_RELEASED;
+  } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
+    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+    lua_rawgeti(L, AH_UV_TH, s);
+    lua_pushboolean(L, 0);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
   if (sl->anchored & A_RES) {
     lua_pushnil(L);
     lua_rawseti(L, AH_UV_R, s);
@@ -318,6 +326,13 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     aux_eph_set(L, AUX_TGC, thread_idx, -1);
     lua_pop(L, 1);
   }
+  if (!st->extra) { /* make the TSLOT key now: binding cannot fail then */
+    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+    lua_pushvalue(L, thread_idx);
+    lua_pushboolean(L, 0);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
   if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
@@ -333,6 +348,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     st->next_id--;
   }
   if (tok) tok->slot = s;
+  ah_bind_thread(L, st, s, thread_idx);
   /* raw sets never run finalizers: nothing can reuse s meanwhile.  Slot
   ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
@@ -362,8 +378,45 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
   sl->anchored = 0;
   sl->base_id = sl->id = st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
-  ah_extra(co) = (uintptr_t)s;
   return s;
+}
+
+/* Record that the thread at thread_idx owns slot s: in its extra space, or
+** (when the host owns that) in AUX_TSLOT, whose key for the thread the
+** caller made beforehand (ah_register does), so that this cannot fail. */
+void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx) {
+  if (st->extra) {
+    ah_extra(lua_tothread(L, thread_idx)) = (uintptr_t)s;
+    return;
+  }
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  lua_pushinteger(L, s);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+/* slot of thread th (at thread_idx): > 0, or -1 when it finished and gave
+** its slot back, or 0 when it never had one */
+int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx) {
+  if (AH_EXTRA_FITS) {
+    uintptr_t cs = ah_extra(th);
+    if (cs < (uintptr_t)st->cap && st->slots[cs].L == th) return (int)cs;
+    if (st->extra) return cs == AH_RELEASED ? -1 : 0;
+  }
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  switch (lua_rawget(L, -2)) {
+    case LUA_TNUMBER: {
+      lua_Integer s = lua_tointeger(L, -1);
+      lua_pop(L, 2);
+      return s > 0 && s < st->cap && st->slots[s].L == th ? (int)s : 0;
+    }
+    case LUA_TBOOLEAN: lua_pop(L, 2); return -1;
+    default: lua_pop(L, 2); return 0;
+  }
 }
 
 /* anchor the (non-empty) frame at frame_idx to the thread at thread_idx,
@@ -382,6 +435,10 @@ void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
 int ah_slot_slow(lua_State *L, ah_state *st) {
   int s;
   lua_pushthread(L);
+  if (!st->extra && (s = ah_slot_find(L, st, L, -1)) > 0) {
+    lua_pop(L, 1);
+    return s;
+  }
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
   lua_pop(L, 2);
@@ -443,7 +500,7 @@ static int l_stats(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, used = 0;
   for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 9);
+  lua_createtable(L, 0, 10);
   lua_pushinteger(L, used);
   lua_setfield(L, -2, "slots");
   lua_pushinteger(L, st->cap);
@@ -460,6 +517,8 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "next_id");
   lua_pushinteger(L, st->fast_callbacks);
   lua_setfield(L, -2, "fast_callbacks");
+  lua_pushboolean(L, st->extra);
+  lua_setfield(L, -2, "extraspace");
   return 1;
 }
 
@@ -513,6 +572,17 @@ static void add_funcs(lua_State *L, const luaL_Reg *l) {
   luaL_setfuncs(L, l, AH_NUP);
 }
 
+/* The manual reserves LUA_EXTRASPACE for the host: use it only when the
+** main thread's bytes are all zero (a host that stores data there keeps
+** it; every thread is then looked up in AUX_TSLOT instead). */
+static int host_extra_unused(lua_State *mainL) {
+  const unsigned char *p = (const unsigned char *)lua_getextraspace(mainL);
+  size_t i;
+  for (i = 0; i < LUA_EXTRASPACE; i++)
+    if (p[i]) return 0;
+  return 1;
+}
+
 /* Build everything inside a closure so that helper code can use the
 ** AH_UV_* indices. */
 static int build(lua_State *L) {
@@ -532,8 +602,15 @@ static int build(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   mainL = lua_tothread(L, -1);
   st->mainL = mainL;
+  st->extra = AH_EXTRA_FITS && host_extra_unused(mainL);
 
   new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_REC_MT);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
     lua_newtable(L);
     lua_createtable(L, 0, 1);
