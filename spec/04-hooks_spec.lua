@@ -280,6 +280,33 @@ describe("createHook", function()
     check_invariants({ table.unpack(log, 3) })
   end)
 
+  -- issue 10 #7: what a hook change inside a dispatch triggers runs where
+  -- failing is safe, never inside the scope entry that must not fail
+  it("a failing notification of a hook change made inside before leaves no context switched", function()
+    local core = ah.core
+    local calls = 0
+    local prev = core.on_destroy_hooks(function() calls = calls + 1; error("notify failed") end)
+    local d = track(ah.createHook { destroy = function() end })
+    local h = track(ah.createHook { before = function() d:enable() end })
+    h:enable()
+    local r = AsyncResource.new("X")
+    local top = ah.executionAsyncId()
+    local inside
+    local ok, err = pcall(r.runInAsyncScope, r, function() inside = ah.executionAsyncId() end)
+    core.on_destroy_hooks(prev)
+    assert.equal(r:asyncId(), inside)           -- the scope ran
+    assert.is_false(ok)                          -- the notification failed ...
+    assert.matches("notify failed", err)
+    assert.equal(1, calls)
+    assert.equal(top, ah.executionAsyncId())     -- ... after the scope was left
+    assert.equal(0, core.stats().active)         -- so queued destroys still flush
+    local destroyed = {}
+    local d2 = track(ah.createHook { destroy = function(id) destroyed[#destroyed + 1] = id end }):enable()
+    r:emitDestroy()
+    assert.same({ r:asyncId() }, destroyed)
+    d2:disable()
+  end)
+
   it("enable/disable inside init of the same hook is deferred", function()
     local n = 0
     local h

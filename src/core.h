@@ -54,6 +54,7 @@ enum {
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
+  AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_N
@@ -86,6 +87,8 @@ typedef struct ah_state {
   int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
   int dispatching;           /* depth of hook dispatch */
   int dirty;                 /* hook set changed during dispatch */
+  int next_n[AH_NKINDS + 1]; /* sizes of the prepared lists (AUX_NEXT) */
+  int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
   int handles;               /* tracked luv handle registrations (upper bound) */
@@ -152,8 +155,14 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_queue_destroy(ah_state *st, lua_Integer id);
 void ah_flush(lua_State *L, ah_state *st);
+void ah_luv_notify(lua_State *L, ah_state *st);
+/* at the end of an outermost callback, resume or scope: deliver queued
+** destroys (and tell luv about destroy hooks); Lua code, can raise */
 #define ah_flush_maybe(L, st) \
-  do { if ((st)->dq_n && !(st)->active && !(st)->dispatching) ah_flush((L), (st)); } while (0)
+  do { \
+    if (((st)->dq_n || (st)->luv_pending) && !(st)->active && !(st)->dispatching) \
+      ah_flush((L), (st)); \
+  } while (0)
 #define ah_hooks_on(st, k) ((st)->nhooks[k] != 0)
 void ah_open_hooks(lua_State *L);
 extern const luaL_Reg ah_hook_funcs[];

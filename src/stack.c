@@ -628,6 +628,8 @@ static int build(lua_State *L) {
     lua_newtable(L);
     lua_rawseti(L, -2, i);
   }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
