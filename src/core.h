@@ -6,9 +6,10 @@
 ** grown on the heap beyond that and shrunk back when the load drops) that
 ** holds the thread's current execution context: asyncId and triggerAsyncId
 ** in C, and the frame and resource in two weak-valued Lua tables indexed by
-** slot.  The slot index lives in the thread's LUA_EXTRASPACE, so finding the
-** current context is O(1) and a coroutine switch needs no bookkeeping at all:
-** the running thread *is* the context.
+** slot.  The slot index lives in the thread's LUA_EXTRASPACE (unless the
+** host uses it: then in a weak-keyed table, see ah_bind_thread), so finding
+** the current context is O(1) and a coroutine switch needs no bookkeeping at
+** all: the running thread *is* the context.
 */
 #ifndef AH_CORE_H
 #define AH_CORE_H
@@ -41,7 +42,7 @@ enum {
   AUX_EMPTY = 1, /* the empty frame */
   AUX_FRAME_MT,  /* metatable of frames */
   AUX_TOP,       /* executionAsyncResource() at top level */
-  AUX_REC_MT,    /* metatable of coroutine finalizer tokens */
+  AUX_COTOK_MT,  /* metatable of coroutine finalizer tokens (ah_cotok) */
   AUX_GUARD_MT,  /* metatable of scope guards */
   AUX_GCTOK_MT,  /* metatable of GC destroy tokens */
   AUX_ORDER,     /* enabled hooks, in enable order */
@@ -79,7 +80,7 @@ typedef struct ah_state {
   lua_State *mainL;
   lua_Integer next_id;
   ah_slot *slots;
-  int cap;       /* slots in use by the array (AH_INLINE when inline) */
+  int cap;       /* capacity of the slot array (AH_INLINE when inline) */
   int free_low;  /* free list of slots < AH_INLINE */
   int free_high; /* free list of slots >= AH_INLINE */
   int used_low;  /* slots < AH_INLINE in use */
@@ -107,8 +108,9 @@ typedef struct ah_state {
 #define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
 
 /* slot->anchored bits: the frame is not the empty one (and is anchored in
-** T), the resource is not nil (and is anchored in AUX_TR) */
-enum { A_FRAME = 1, A_RES = 2, K_FRAME = 4, K_RES = 8 }; /* K_: key exists */
+** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
+** thread's key exists in T / AUX_TR, so writing it cannot allocate */
+enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8 };
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
@@ -141,7 +143,6 @@ void ah_reserve(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
 void ah_push_shared(lua_State *L);
-void ah_open_slots(lua_State *L);
 extern const luaL_Reg ah_slot_funcs[];
 
 /* frames.c */
@@ -176,7 +177,6 @@ extern const luaL_Reg ah_scope_funcs[];
 
 /* coro.c */
 void ah_open_coro(lua_State *L);
-extern const luaL_Reg ah_coro_funcs[];
 
 /* luv.c */
 extern const luaL_Reg ah_luv_funcs[];

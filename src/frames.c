@@ -144,7 +144,7 @@ int ah_callable(lua_State *L, int idx) {
 /* enter(v, value, fn) -> previous frame: the scope entry of run(); the
 ** caller holds the result in a to-be-closed variable, whose __close
 ** restores it.  Checks its arguments in the name of 'run'. */
-static int l_enter(lua_State *L) {
+static int l_enter_frame(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
   lua_settop(L, 3);
@@ -217,7 +217,7 @@ static int l_frame_size(lua_State *L) {
 const luaL_Reg ah_frame_funcs[] = {
   {"get", l_get},
   {"set", l_set},
-  {"enter", l_enter},
+  {"enter", l_enter_frame},
   {"swap", l_swap},
   {"current_frame", l_current_frame},
   {"newtoken", l_newtoken},

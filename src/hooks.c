@@ -194,64 +194,71 @@ static int fatal_msgh(lua_State *L) {
   return 1;
 }
 
-/* call the function below nargs arguments; an error is fatal */
-static void call_hook(lua_State *L, int nargs, const char *kind) {
-  int base = lua_gettop(L) - nargs;
+/* run_hooks(list, args...): call every function of list with args; runs
+** protected as a whole: one protected call per event, not per hook */
+static int run_hooks(lua_State *L) {
+  int nargs = lua_gettop(L) - 1, n = (int)lua_rawlen(L, 1), i, j;
+  luaL_checkstack(L, nargs + 1, "async_hooks dispatch");
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    for (j = 2; j <= nargs + 1; j++) lua_pushvalue(L, j);
+    lua_call(L, nargs, 0);
+  }
+  return 0;
+}
+
+/* Dispatch the hooks of `kind` with the nargs values on top as arguments
+** (popped).  An error in a hook is fatal.  Cannot fail otherwise once the
+** caller made room for nargs + 4 values (the end of the dispatch only
+** swaps prepared lists in): callers dispatch inside sections that must not
+** fail.  A dispatch keeps the list it started with. */
+static void dispatch(lua_State *L, ah_state *st, int kind, int nargs) {
+  int base = lua_gettop(L) - nargs, n; /* base + 1: first argument */
   lua_pushcfunction(L, fatal_msgh);
-  lua_insert(L, base);
-  if (lua_pcall(L, nargs, 0, base) != LUA_OK) {
-    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n", kind,
-            lua_tostring(L, -1));
+  lua_insert(L, base + 1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+  lua_rawgeti(L, -1, kind);
+  n = (int)lua_rawlen(L, -1);
+  if (n == 1) { /* the common case: the hook itself, protected */
+    lua_rawgeti(L, -1, 1);
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    lua_insert(L, base + 2); /* [msgh hook args] */
+  } else {
+    lua_replace(L, -2);
+    lua_insert(L, base + 2); /* [msgh list args] */
+    lua_pushcfunction(L, run_hooks);
+    lua_insert(L, base + 2); /* [msgh run_hooks list args] */
+    nargs++;
+  }
+  st->dispatching++;
+  if (lua_pcall(L, nargs, 0, base + 1) != LUA_OK) {
+    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
+            kind_names[kind], lua_tostring(L, -1));
     fflush(stderr);
     exit(1);
   }
-  lua_remove(L, base);
-}
-
-static int begin(lua_State *L, ah_state *st, int kind) {
-  luaL_checkstack(L, 8, "async_hooks dispatch");
-  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-  lua_rawgeti(L, -1, kind);
-  lua_remove(L, -2);
-  st->dispatching++;
-  return (int)lua_rawlen(L, -1);
-}
-
-/* cannot fail: callers dispatch inside sections that must not fail */
-static void end(lua_State *L, ah_state *st) {
-  lua_pop(L, 1);
+  lua_pop(L, 1); /* fatal_msgh */
   if (--st->dispatching == 0 && st->dirty) commit(L, st);
 }
 
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
-  int i, n;
   if (!st->nhooks[kind]) return;
-  n = begin(L, st, kind);
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, -1, i);
-    lua_pushinteger(L, id);
-    call_hook(L, 1, kind_names[kind]);
-  }
-  end(L, st);
+  luaL_checkstack(L, 8, "async_hooks dispatch");
+  lua_pushinteger(L, id);
+  dispatch(L, st, kind, 1);
 }
 
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx) {
-  int i, n;
   if (!st->nhooks[AH_INIT]) return;
   res_idx = lua_absindex(L, res_idx);
+  luaL_checkstack(L, 12, "async_hooks dispatch");
+  lua_pushinteger(L, id);
   lua_pushstring(L, type); /* can fail: before the dispatch starts */
-  n = begin(L, st, AH_INIT);
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, -1, i);
-    lua_pushinteger(L, id);
-    lua_pushvalue(L, -4);
-    lua_pushinteger(L, trigger);
-    lua_pushvalue(L, res_idx);
-    call_hook(L, 4, "init");
-  }
-  end(L, st);
-  lua_pop(L, 1);
+  lua_pushinteger(L, trigger);
+  lua_pushvalue(L, res_idx);
+  dispatch(L, st, AH_INIT, 4);
 }
 
 /* --------------------------------------------------------------------- */

@@ -163,7 +163,7 @@ static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
     eph_set(L, st, AH_UV_T, thread_idx, idx);
-    st->slots[s].anchored |= A_FRAME | K_FRAME;
+    st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
   } else if (st->slots[s].anchored & A_FRAME) {
     lua_pushboolean(L, 0);
     eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
@@ -188,7 +188,7 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
       st->slots[s].anchored &= ~A_RES;
     } else {
       aux_eph_set(L, AUX_TR, thread_idx, idx);
-      st->slots[s].anchored |= A_RES | K_RES;
+      st->slots[s].anchored |= A_RES | AKEY_RES;
     }
   }
   if (none)
@@ -202,17 +202,17 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
 ** its frame and resource cannot fail (scope entries reserve first). */
 void ah_reserve(lua_State *L, int s) {
   ah_state *st = ah_st(L);
-  if (!(st->slots[s].anchored & K_FRAME)) {
+  if (!(st->slots[s].anchored & AKEY_FRAME)) {
     lua_pushboolean(L, 0);
     eph_set(L, st, AH_UV_T, 0, lua_gettop(L));
     lua_pop(L, 1);
-    st->slots[s].anchored |= K_FRAME;
+    st->slots[s].anchored |= AKEY_FRAME;
   }
-  if (!(st->slots[s].anchored & K_RES)) {
+  if (!(st->slots[s].anchored & AKEY_RES)) {
     lua_pushboolean(L, 0);
     aux_eph_set(L, AUX_TR, 0, -1);
     lua_pop(L, 1);
-    st->slots[s].anchored |= K_RES;
+    st->slots[s].anchored |= AKEY_RES;
   }
 }
 
@@ -321,7 +321,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
     tok->st = st;
     tok->slot = -1;
-    lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
+    lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
     lua_setmetatable(L, -2);
     aux_eph_set(L, AUX_TGC, thread_idx, -1);
     lua_pop(L, 1);
@@ -343,7 +343,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
   if (kind == AH_KMAIN) {
-    sl->anchored = K_FRAME | K_RES; /* aux slots */
+    sl->anchored = AKEY_FRAME | AKEY_RES; /* aux slots */
     sl->base_id = sl->id = 1;
     st->next_id--;
   }
@@ -355,7 +355,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   lua_rawseti(L, AH_UV_TH, s);
   if (lua_topointer(L, frame_idx) != st->empty) {
     eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
-    sl->anchored |= A_FRAME | K_FRAME;
+    sl->anchored |= A_FRAME | AKEY_FRAME;
   }
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, AH_UV_F, s);
@@ -426,7 +426,7 @@ void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
   lua_pushvalue(L, thread_idx);
   lua_pushvalue(L, frame_idx);
   lua_rawset(L, AH_UV_T);
-  st->slots[s].anchored |= A_FRAME | K_FRAME;
+  st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
 }
 
 /* A thread that never got a slot: a coroutine created behind the library's
@@ -604,7 +604,7 @@ static int build(lua_State *L) {
   st->mainL = mainL;
   st->extra = AH_EXTRA_FITS && host_extra_unused(mainL);
 
-  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_REC_MT);
+  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
   lua_newtable(L);
   lua_createtable(L, 0, 1);
   lua_pushliteral(L, "k");
