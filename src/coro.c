@@ -168,8 +168,8 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
 
 /* The fast path: a coroutine the library knows, that can run, no
 ** before/after/destroy hook: lcorolib's code plus a few integer tests. */
-static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
-                     int narg) {
+static AH_ALWAYS_INLINE int auxresume(lua_State *L, ah_state *st, lua_State *co,
+                               int co_idx, int narg) {
   uintptr_t cs = ah_extra(co);
   int status, nres;
   if (ah_likely(!SLICE_HOOKS(st) && cs < (uintptr_t)st->cap &&
