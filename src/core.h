@@ -56,6 +56,8 @@ enum {
   AUX_LUV,       /* luv integration state */
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
+  AUX_PEND,      /* slot -> frame: deferred anchors (strong; see stack.c) */
+  AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_N
@@ -96,6 +98,8 @@ typedef struct ah_state {
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
+  int npend;                 /* slots with A_PEND */
+  int armed;                 /* a sentinel will move them at the next cycle */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
@@ -110,7 +114,8 @@ typedef struct ah_state {
 /* slot->anchored bits: the frame is not the empty one (and is anchored in
 ** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
 ** thread's key exists in T / AUX_TR, so writing it cannot allocate */
-enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8 };
+enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
+       A_PEND = 16 }; /* A_PEND: the frame is anchored in AUX_PEND, not T */
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
@@ -133,6 +138,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
                  lua_Integer trigger);
 void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx);
+void ah_arm_anchors(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx);

@@ -43,19 +43,22 @@ static int co_create(lua_State *L) {
   s = ah_slot_of(L, st);
   if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
                 st->free_low >= 0)) {
-    int ns;
+    int ns, framed;
+    lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) goto full; /* binding allocates */
-    ns = ah_take_slot(L, st, NL, st->slots[s].id);
+    lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
+    framed = lua_topointer(L, top + 1) != st->empty;
+    if (framed) ah_arm_anchors(L, st); /* can fail: before any change */
+    ns = ah_take_slot(L, st, NL, trigger);
     ah_bind_thread(L, st, ns, top);
     lua_pushvalue(L, top);
     lua_rawseti(L, AH_UV_TH, ns);
-    lua_rawgeti(L, AH_UV_F, s);
-    if (ah_unlikely(lua_topointer(L, top + 1) != st->empty))
-      ah_anchor_frame(L, st, ns, top, top + 1);
+    if (framed) ah_anchor_frame(L, st, ns, top, top + 1);
     lua_rawseti(L, AH_UV_F, ns);
     return 1;
   }
 full:
+  lua_settop(L, top);
   init_coroutine(L, st, top);
   return 1;
 }

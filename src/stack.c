@@ -157,17 +157,33 @@ void ah_set_guard(lua_State *L, int idx) {
 ** when there is nothing to anchor) until the slot is released, so that a
 ** restore, which only ever returns to a value the thread had before, never
 ** allocates.  F[s] and R[s] exist from registration on. */
+/* the frame of slot s is no longer anchored in AUX_PEND (raw set of an
+** existing array key: cannot fail) */
+static void unpend(lua_State *L, ah_state *st, int s) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  st->slots[s].anchored &= ~A_PEND;
+  st->npend--;
+}
+
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
   if (idx < 0) idx = lua_absindex(L, idx);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
-    eph_set(L, st, AH_UV_T, thread_idx, idx);
+    eph_set(L, st, AH_UV_T, thread_idx, idx); /* first: can fail */
+    if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
     st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
   } else if (st->slots[s].anchored & A_FRAME) {
-    lua_pushboolean(L, 0);
-    eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
-    lua_pop(L, 1);
+    if (st->slots[s].anchored & A_PEND) {
+      unpend(L, st, s);
+    } else {
+      lua_pushboolean(L, 0);
+      eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
+      lua_pop(L, 1);
+    }
     st->slots[s].anchored &= ~A_FRAME;
   }
   lua_pushvalue(L, idx);
@@ -240,7 +256,8 @@ typedef struct ah_cotok {
   int slot; /* -1 once the slot was given back */
 } ah_cotok;
 
-static void clear(lua_State *L, int s) {
+static void clear(lua_State *L, ah_state *st, int s) {
+  if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   lua_pushnil(L);
@@ -270,6 +287,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     lua_pushnil(L);
     lua_rawseti(L, AH_UV_R, s);
   }
+  if (sl->anchored & A_PEND) unpend(L, st, s);
   free_slot(st, s);
 }
 
@@ -285,7 +303,7 @@ static int cotok_gc(lua_State *L) {
     st->slots[s].destroyed = 1;
     if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
   }
-  clear(L, s);
+  clear(L, st, s);
   free_slot(st, s);
   return 0;
 }
@@ -299,7 +317,7 @@ static int sweep(lua_State *L, ah_state *st) {
     ah_slot *sl = &st->slots[i];
     if (!sl->L || sl->has_gc || sl->kind == AH_KMAIN) continue;
     if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TNIL) {
-      clear(L, i);
+      clear(L, st, i);
       free_slot(st, i);
       freed++;
     }
@@ -419,14 +437,67 @@ int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx) {
   }
 }
 
-/* anchor the (non-empty) frame at frame_idx to the thread at thread_idx,
-** whose slot is s */
+/* Deferred anchors.  A frame must stay alive as long as its coroutine,
+** without keeping the coroutine alive: an ephemeron entry T[thread] does
+** that, but inserting a new key per coroutine (and clearing it after) is
+** most of what a tracked coroutine with a value set costs.  Most coroutines
+** end before the next collection, so a new coroutine's frame is first held
+** strongly in AUX_PEND[s] (an array write), dropped when the coroutine ends
+** or changes its frame.  A sentinel finalizer, re-armed every cycle, moves
+** the frames of coroutines still alive into T: a frame that refers to its
+** own suspended, abandoned coroutine delays its collection by one cycle,
+** never forever.  Anchor the (non-empty) frame at frame_idx of the new
+** coroutine at thread_idx (slot s) that way (raw sets only: cannot fail,
+** runs no finalizer); the caller armed the sentinel (ah_arm_anchors). */
 void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx) {
-  lua_pushvalue(L, thread_idx);
+  (void)thread_idx;
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
   lua_pushvalue(L, frame_idx);
-  lua_rawset(L, AH_UV_T);
-  st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  st->slots[s].anchored |= A_FRAME | A_PEND;
+  st->npend++;
+}
+
+/* __gc of the sentinel: move the deferred anchors of live coroutines to T
+** (that allocates: a failure leaves the rest pending for the next cycle),
+** drop those of collected ones, and re-arm */
+static int pend_gc(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int i;
+  st->armed = 0;
+  if (st->closed || st->npend == 0) return 0;
+  ah_arm_anchors(L, st); /* first: a failure below leaves work for it */
+  lua_settop(L, 0);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
+  for (i = 1; i < st->cap && st->npend > 0; i++) {
+    ah_slot *sl = &st->slots[i];
+    if (!sl->L || !(sl->anchored & A_PEND)) continue;
+    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 2 */
+      lua_rawgeti(L, 1, i);
+      lua_rawset(L, AH_UV_T);
+      sl->anchored |= AKEY_FRAME;
+    } else {
+      lua_pop(L, 1);
+    }
+    lua_pushnil(L);
+    lua_rawseti(L, 1, i);
+    sl->anchored &= ~A_PEND;
+    st->npend--;
+  }
+  return 0;
+}
+
+/* make sure a sentinel will run at the end of the next collection cycle
+** (allocates, can run finalizers: callers arm before anything changes) */
+void ah_arm_anchors(lua_State *L, ah_state *st) {
+  if (st->armed) return;
+  lua_newuserdatauv(L, 0, 0);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND_MT);
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+  st->armed = 1;
 }
 
 /* A thread that never got a slot: a coroutine created behind the library's
@@ -500,7 +571,7 @@ static int l_stats(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, used = 0;
   for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 10);
+  lua_createtable(L, 0, 11);
   lua_pushinteger(L, used);
   lua_setfield(L, -2, "slots");
   lua_pushinteger(L, st->cap);
@@ -519,6 +590,8 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "fast_callbacks");
   lua_pushboolean(L, st->extra);
   lua_setfield(L, -2, "extraspace");
+  lua_pushinteger(L, st->npend);
+  lua_setfield(L, -2, "pending_anchors");
   return 1;
 }
 
@@ -605,6 +678,9 @@ static int build(lua_State *L) {
   st->extra = AH_EXTRA_FITS && host_extra_unused(mainL);
 
   new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
+  new_metatable(L, "async_hooks.anchors", pend_gc, AUX_PEND_MT);
+  lua_createtable(L, AH_INLINE, 0);
+  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
   lua_newtable(L);
   lua_createtable(L, 0, 1);
   lua_pushliteral(L, "k");
