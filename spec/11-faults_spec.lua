@@ -4,22 +4,24 @@
 -- through) and leave its state usable.  Under `make asan` the harness is
 -- built with the sanitizers too, and the core-only run checks for leaks.
 
--- the Lua headers and library: pkg-config, else Debian's paths
-local function lua_flags()
-  local p = io.popen("pkg-config --cflags --libs lua5.4 2>/dev/null")
-  local flags = p:read("a"):gsub("%s+$", "")
-  p:close()
-  if flags == "" then flags = "-I/usr/include/lua5.4 -llua5.4" end
-  return flags
+-- the output of a command that must succeed, trailing space trimmed
+local function capture(cmd)
+  local p = io.popen(cmd)
+  local out = p:read("a")
+  local ok = p:close()
+  assert(ok, cmd .. " failed: " .. out)
+  return (out:gsub("%s+$", ""))
 end
 
 -- compile tests/<name>.c into a temporary executable (with the sanitizers
 -- under `make asan`, like the module it loads)
 local function build(name)
   local exe = os.tmpname()
+  -- Lua's headers and library: pkg-config, else LuaRocks' configuration
+  local cflags, libs = capture("./.ci/lua-flags --cflags"), capture("./.ci/lua-flags --libs")
   local san = os.getenv("AH_ASAN") and "-fsanitize=address,undefined -fno-sanitize-recover=undefined" or ""
-  local cmd = ("env -u LD_PRELOAD gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O1 -g %s tests/%s.c -o %s %s -lm 2>&1")
-    :format(san, name, exe, lua_flags())
+  local cmd = ("env -u LD_PRELOAD gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O1 -g %s %s tests/%s.c -o %s %s -lm 2>&1")
+    :format(san, cflags, name, exe, libs)
   local p = io.popen(cmd)
   local out = p:read("a")
   local ok = p:close()
@@ -39,7 +41,7 @@ local function run(exe, luv, leaks, script, extra)
     :format(luv, extra or 0, leaks, exe, script or "tests/faults.lua"))
 end
 
-describe("fault injection", function()
+describe("fault injection #slow", function()
   local exe
   setup(function() exe = build("failalloc") end)
   teardown(function() if exe then os.remove(exe) end end)
@@ -84,7 +86,7 @@ describe("fault injection", function()
 end)
 
 -- issue 10 #8: the manual reserves LUA_EXTRASPACE for the host
-describe("a host that uses LUA_EXTRASPACE", function()
+describe("a host that uses LUA_EXTRASPACE #slow", function()
   local exe
   setup(function() exe = build("extrahost") end)
   teardown(function() if exe then os.remove(exe) end end)

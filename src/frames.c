@@ -32,9 +32,30 @@ static int token_of(lua_State *L, int idx) {
   return 0;
 }
 
+/* Closures made by getter()/setter() carry the names for their error
+** message as two extra upvalues (method, class); the plain get/set do not. */
+#define AH_UV_METHOD lua_upvalueindex(AH_NUP + 1)
+#define AH_UV_CLASS lua_upvalueindex(AH_NUP + 2)
+
+/* raise the bad-self error of get/set at the caller's line */
+static int bad_self(lua_State *L) {
+  const char *got;
+  if (lua_type(L, AH_UV_CLASS) != LUA_TSTRING)
+    return luaL_typeerror(L, 1, "AsyncLocal");
+  got = luaL_typename(L, 1);
+  if (luaL_getmetafield(L, 1, "__name") == LUA_TSTRING)
+    got = lua_tostring(L, -1);
+  luaL_where(L, 1);
+  lua_pushfstring(L, "calling '%s' on bad self (%s expected, got %s)",
+                  lua_tostring(L, AH_UV_METHOD), lua_tostring(L, AH_UV_CLASS),
+                  got);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 /* push the token of the AsyncLocal at idx, or raise */
 static void push_token(lua_State *L, int idx) {
-  if (!token_of(L, idx)) luaL_typeerror(L, idx, "AsyncLocal");
+  if (!token_of(L, idx)) bad_self(L);
 }
 
 /* get() is the hot path: only a table whose [1] is a full userdata gets
@@ -43,13 +64,13 @@ static void push_token(lua_State *L, int idx) {
 static int l_get(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
-  if (lua_type(L, 1) != LUA_TTABLE) luaL_typeerror(L, 1, "AsyncLocal");
+  if (lua_type(L, 1) != LUA_TTABLE) bad_self(L);
   s = ah_slot_of(L, st);
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   }
-  if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) luaL_typeerror(L, 1, "AsyncLocal");
+  if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) bad_self(L);
   switch (lua_rawget(L, -2)) {
     case LUA_TNIL: lua_getfield(L, 1, "default"); break;
     case LUA_TLIGHTUSERDATA:
@@ -141,6 +162,24 @@ int ah_callable(lua_State *L, int idx) {
   return 1;
 }
 
+/* The closure made by enterer(message) raises message(v, value, fn) (a
+** string) at its caller's caller instead of its own messages. */
+#define AH_UV_MESSAGE lua_upvalueindex(AH_NUP + 1)
+
+static int enter_error(lua_State *L, const char *fmt, int idx) {
+  if (lua_type(L, AH_UV_MESSAGE) != LUA_TFUNCTION)
+    return caller_error(L, fmt, "run", idx);
+  lua_pushvalue(L, AH_UV_MESSAGE);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_call(L, 3, 1);
+  luaL_where(L, 2);
+  lua_insert(L, -2);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 /* enter(v, value, fn) -> previous frame: the scope entry of run(); the
 ** caller holds the result in a to-be-closed variable, whose __close
 ** restores it.  Checks its arguments in the name of 'run'. */
@@ -149,11 +188,9 @@ static int l_enter_frame(lua_State *L) {
   int s;
   lua_settop(L, 3);
   if (!token_of(L, 1))
-    return caller_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)",
-                        "run", 1);
+    return enter_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)", 1);
   if (!ah_callable(L, 3))
-    return caller_error(L, "bad argument #2 to '%s' (function expected, got %s)",
-                        "run", 3);
+    return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
   push_frame_with(L, st, s, 4, 2); /* 5: previous, 6: new */
   ah_set_frame_st(L, st, s, 6);
@@ -201,6 +238,42 @@ static int l_newtoken(lua_State *L) {
   return 1;
 }
 
+static int l_empty_frame(lua_State *L) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  return 1;
+}
+
+/* f as a closure with the shared upvalues and then the n arguments */
+static int closure_with(lua_State *L, lua_CFunction f, int n) {
+  int i;
+  lua_settop(L, n);
+  luaL_checkstack(L, AH_NUP + n, NULL);
+  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  for (i = 1; i <= n; i++) lua_pushvalue(L, i);
+  lua_pushcclosure(L, f, AH_NUP + n);
+  return 1;
+}
+
+/* getter(method, class) / setter(method, class): get / set as a closure
+** whose bad-self error names that method and class */
+static int l_getter(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  return closure_with(L, l_get, 2);
+}
+
+static int l_setter(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  return closure_with(L, l_set, 2);
+}
+
+/* enterer(message): enter whose errors are message(v, value, fn) */
+static int l_enterer(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  return closure_with(L, l_enter_frame, 1);
+}
+
 /* number of live entries of a frame (tests and benchmarks) */
 static int l_frame_size(lua_State *L) {
   lua_Integer n = 0;
@@ -220,6 +293,10 @@ const luaL_Reg ah_frame_funcs[] = {
   {"enter", l_enter_frame},
   {"swap", l_swap},
   {"current_frame", l_current_frame},
+  {"empty_frame", l_empty_frame},
+  {"getter", l_getter},
+  {"setter", l_setter},
+  {"enterer", l_enterer},
   {"newtoken", l_newtoken},
   {"frame_size", l_frame_size},
   {NULL, NULL}

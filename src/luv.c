@@ -58,15 +58,22 @@ enum { K_HANDLE = 0, K_CREATE, K_CLOSE, K_REQ, K_WORK };
 #define T_HANDLE lua_upvalueindex(AH_NUP + 4)
 #define T_ID lua_upvalueindex(AH_NUP + 5)
 #define T_TRIGGER lua_upvalueindex(AH_NUP + 6)
-#define T_ONESHOT lua_upvalueindex(AH_NUP + 7)
+#define T_INFO lua_upvalueindex(AH_NUP + 7) /* W_INFO: op, names, one-shot */
 #define T_NUP (AH_NUP + 7)
+/* only in the trampoline of an op with named arguments whose resource was
+** not made at registration (else reading them gives none) */
+#define T_A1 lua_upvalueindex(AH_NUP + 8)
+#define T_A2 lua_upvalueindex(AH_NUP + 9)
+#define T_NUP_ARGS (AH_NUP + 9)
 
 /* wrapper upvalues, after the shared ones */
 #define W_ORIG lua_upvalueindex(AH_NUP + 1)
-#define W_SPEC lua_upvalueindex(AH_NUP + 2)  /* kind * 256 + p1 * 16 + p2 */
+#define W_SPEC lua_upvalueindex(AH_NUP + 2)  /* see l_luv_wrap */
 #define W_TYPE lua_upvalueindex(AH_NUP + 3)  /* nil: the handle's type */
 #define W_HR lua_upvalueindex(AH_NUP + 4)    /* handle -> trampoline */
-#define W_NUP (AH_NUP + 4)
+#define W_INFO lua_upvalueindex(AH_NUP + 5)  /* {op, name1, name2, one-shot,
+                                                "op", "handle"} */
+#define W_NUP (AH_NUP + 5)
 
 /* ------------------------------------------------------------------- */
 /* native stack of entered trampolines                                  */
@@ -100,6 +107,87 @@ static void cb_pop(ah_state *st) {
 }
 
 /* ------------------------------------------------------------------- */
+/* resources                                                             */
+
+/* Push a registration's resource table {op =, handle =, <name> = value}:
+** info is the wrapper's {op, name1, name2}; h, a1, a2 the handle and the
+** two named arguments (0, none or nil: absent). */
+static void push_res(lua_State *L, int info, int h, int a1, int a2) {
+  int i, n = 1, v[2];
+  info = lua_absindex(L, info);
+  h = h && !lua_isnoneornil(L, h) ? lua_absindex(L, h) : 0;
+  v[0] = a1 && !lua_isnoneornil(L, a1) ? lua_absindex(L, a1) : 0;
+  v[1] = a2 && !lua_isnoneornil(L, a2) ? lua_absindex(L, a2) : 0;
+  n += (h != 0) + (v[0] != 0) + (v[1] != 0);
+  lua_createtable(L, 0, n);
+  lua_rawgeti(L, info, 5); /* "op" (keys kept in info: no lookup by name) */
+  lua_rawgeti(L, info, 1);
+  lua_rawset(L, -3);
+  if (h) {
+    lua_rawgeti(L, info, 6); /* "handle" */
+    lua_pushvalue(L, h);
+    lua_rawset(L, -3);
+  }
+  for (i = 0; i < 2; i++) {
+    if (!v[i]) continue;
+    lua_rawgeti(L, info, i + 2); /* its name: set whenever a position is */
+    lua_pushvalue(L, v[i]);
+    lua_rawset(L, -3);
+  }
+}
+
+/* is the registration whose info table is at idx a one-shot request? */
+static int oneshot(lua_State *L, int idx) {
+  int r;
+  lua_rawgeti(L, idx, 4);
+  r = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return r;
+}
+
+/* A tracked registration made while nothing asked for resources (no init
+** hook, executionAsyncResource() never called) has no resource table
+** (T_RES nil) but keeps what one needs (T_INFO, T_HANDLE, T_A1, T_A2).
+** R[s] normally holds false for "none": the trampoline stands in for it.
+** While its callback runs, R[s] holds the trampoline itself (not anchored:
+** it is on the stack meanwhile), and the first executionAsyncResource() in
+** that callback or its before/after hooks makes the table here.  The value
+** at the top is that function: replace it by the resource and return 1 when
+** it is the trampoline of the callback running in slot s, else by false
+** (e.g. an untracked callback nested in it) and return 0. */
+static int tramp(lua_State *L);
+
+int ah_luv_resource(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L), ok;
+  luaL_checkstack(L, 8, "async_hooks");
+  ok = lua_tocfunction(L, top) == tramp;
+  if (ok) {
+    lua_getupvalue(L, top, AH_NUP + 5); /* T_ID */
+    ok = lua_tointeger(L, -1) == st->slots[s].id;
+    lua_pop(L, 1);
+  }
+  if (!ok) {
+    lua_pushboolean(L, 0);
+    lua_replace(L, top);
+    return 0;
+  }
+  lua_getupvalue(L, top, AH_NUP + 3); /* T_RES (made by a nested entry?) */
+  if (!lua_istable(L, -1)) {
+    lua_getupvalue(L, top, AH_NUP + 7); /* T_INFO */
+    lua_getupvalue(L, top, AH_NUP + 4); /* T_HANDLE */
+    if (!lua_getupvalue(L, top, AH_NUP + 8)) lua_pushnil(L); /* T_A1 */
+    if (!lua_getupvalue(L, top, AH_NUP + 9)) lua_pushnil(L); /* T_A2 */
+    push_res(L, top + 2, top + 3, top + 4, top + 5);
+    lua_replace(L, top + 1);
+    lua_settop(L, top + 1);
+    lua_pushvalue(L, -1);
+    lua_setupvalue(L, top, AH_NUP + 3);
+  }
+  lua_replace(L, top);
+  return 1;
+}
+
+/* ------------------------------------------------------------------- */
 /* the trampoline                                                        */
 
 static int tramp(lua_State *L) {
@@ -108,12 +196,6 @@ static int tramp(lua_State *L) {
   lua_Integer id = lua_tointeger(L, T_ID);
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   luaL_checkstack(L, n + 24, "async_hooks");
-  if (lua_isnil(L, T_RES) && st->res_on) { /* resource wanted after all */
-    lua_createtable(L, 0, 1);
-    lua_pushvalue(L, T_HANDLE);
-    lua_setfield(L, -2, "handle");
-    lua_replace(L, T_RES);
-  }
   ah_reserve(L, s);
   lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
   lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
@@ -121,6 +203,10 @@ static int tramp(lua_State *L) {
   st->slots[s].id = id;
   st->slots[s].trigger = lua_tointeger(L, T_TRIGGER);
   ah_set_resource(L, s, T_RES);
+  if (lua_isnil(L, T_RES)) { /* not made yet: R[s] = this trampoline */
+    lua_Debug ar;
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "f", &ar)) lua_rawseti(L, AH_UV_R, s);
+  }
   ah_set_frame(L, s, T_FRAME);
   st->active++;
   ah_emit_id(L, st, AH_BEFORE, id);
@@ -137,8 +223,7 @@ static int tramp(lua_State *L) {
   ah_set_resource(L, s, n + 1);
   ah_set_frame(L, s, n + 2);
   st->active--;
-  if (lua_toboolean(L, T_ONESHOT) && st->nhooks[AH_DESTROY])
-    ah_queue_destroy(st, id);
+  if (st->nhooks[AH_DESTROY] && oneshot(L, T_INFO)) ah_queue_destroy(st, id);
   ah_flush_maybe(L, st);
   if (status != LUA_OK) return lua_error(L); /* the error object is on top */
   return 0;
@@ -231,7 +316,7 @@ static int call_orig(lua_State *L) {
 static int wrapped(lua_State *L) {
   ah_state *st = ah_st(L);
   int n = lua_gettop(L), pos = 0, s, spec = (int)lua_tointeger(L, W_SPEC);
-  int kind = spec >> 8, p1 = (spec >> 4) & 15, p2 = spec & 15;
+  int kind = (spec >> 8) & 15, p1 = (spec >> 4) & 15, p2 = spec & 15;
   lua_Integer id, trigger;
   int nres, has_handle = kind != K_CREATE && kind != K_WORK &&
                          lua_type(L, 1) == LUA_TUSERDATA;
@@ -264,20 +349,25 @@ static int wrapped(lua_State *L) {
   ah_push_shared(L);
   lua_pushvalue(L, pos);                       /* T_CB */
   lua_rawgeti(L, AH_UV_F, s);                  /* T_FRAME */
-  if (st->nhooks[AH_INIT] || st->res_on) {     /* T_RES */
-    lua_createtable(L, 0, 1);
-    if (has_handle) {
-      lua_pushvalue(L, 1);
-      lua_setfield(L, -2, "handle");
+  {
+    int f1 = (spec >> 12) & 15, f2 = (spec >> 16) & 15, eager;
+    f1 = f1 <= n ? f1 : 0; /* positions of the named arguments */
+    f2 = f2 <= n ? f2 : 0;
+    eager = st->nhooks[AH_INIT] || st->res_on;
+    if (eager) push_res(L, W_INFO, has_handle ? 1 : 0, f1, f2); /* T_RES */
+    else lua_pushnil(L);
+    if (has_handle) lua_pushvalue(L, 1); else lua_pushnil(L); /* T_HANDLE */
+    lua_pushinteger(L, id);                      /* T_ID */
+    lua_pushinteger(L, trigger);                 /* T_TRIGGER */
+    lua_pushvalue(L, W_INFO);                    /* T_INFO */
+    if (eager || !(spec >> 12)) {
+      lua_pushcclosure(L, tramp, T_NUP);         /* n+2 */
+    } else { /* the named arguments, for a resource made later */
+      if (f1) lua_pushvalue(L, f1); else lua_pushnil(L); /* T_A1 */
+      if (f2) lua_pushvalue(L, f2); else lua_pushnil(L); /* T_A2 */
+      lua_pushcclosure(L, tramp, T_NUP_ARGS);    /* n+2 */
     }
-  } else {
-    lua_pushnil(L);
   }
-  if (has_handle) lua_pushvalue(L, 1); else lua_pushnil(L); /* T_HANDLE */
-  lua_pushinteger(L, id);                      /* T_ID */
-  lua_pushinteger(L, trigger);                 /* T_TRIGGER */
-  lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* T_ONESHOT */
-  lua_pushcclosure(L, tramp, T_NUP);           /* n+2 */
   /* a handle's registration is destroyed when replaced or closed: keep it
   ** in HR when someone listens for destroys */
   forget_handle(L, st, 1);
@@ -317,19 +407,46 @@ static int wrapped(lua_State *L) {
   return nres;
 }
 
-/* luv_wrap(orig, p1, p2, kind, type|nil, HR) -> wrapper */
+/* luv_wrap(orig, p1, p2, kind, type|nil, HR, op[, {name, pos, ...}])
+** -> wrapper.  op names the resource (field `op`); up to two arguments are
+** copied into it under the names given (`path`, `host`, `port`, ...).
+** W_SPEC = f2 << 16 | f1 << 12 | kind << 8 | p1 << 4 | p2 (4 bits each) */
 static int l_luv_wrap(lua_State *L) {
+  lua_Integer f[2] = {0, 0}, i;
   luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_Integer p1 = luaL_checkinteger(L, 2), p2 = luaL_optinteger(L, 3, 0);
   lua_Integer kind = luaL_checkinteger(L, 4);
   luaL_argcheck(L, p1 >= 0 && p1 < 16 && p2 >= 0 && p2 < 16, 2, "bad position");
   luaL_argcheck(L, kind >= K_HANDLE && kind <= K_WORK, 4, "bad kind");
   luaL_checktype(L, 6, LUA_TTABLE);
+  luaL_checktype(L, 7, LUA_TSTRING);
+  lua_createtable(L, 6, 0); /* 9: info */
+  lua_pushvalue(L, 7);
+  lua_rawseti(L, 9, 1);
+  lua_pushboolean(L, kind == K_CLOSE || kind == K_REQ); /* one-shot */
+  lua_rawseti(L, 9, 4);
+  lua_pushliteral(L, "op");
+  lua_rawseti(L, 9, 5);
+  lua_pushliteral(L, "handle");
+  lua_rawseti(L, 9, 6);
+  if (!lua_isnoneornil(L, 8)) {
+    luaL_checktype(L, 8, LUA_TTABLE);
+    for (i = 0; i < 2; i++) {
+      if (lua_rawgeti(L, 8, 2 * i + 1) == LUA_TNIL) { lua_pop(L, 1); break; }
+      luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 8, "bad field name");
+      lua_rawseti(L, 9, i + 2);
+      lua_rawgeti(L, 8, 2 * i + 2);
+      f[i] = lua_tointeger(L, -1);
+      luaL_argcheck(L, f[i] >= 1 && f[i] < 16, 8, "bad field position");
+      lua_pop(L, 1);
+    }
+  }
   ah_push_shared(L);
   lua_pushvalue(L, 1);
-  lua_pushinteger(L, kind * 256 + p1 * 16 + p2);
+  lua_pushinteger(L, (f[1] << 16) | (f[0] << 12) | (kind << 8) | (p1 << 4) | p2);
   lua_pushvalue(L, 5);
   lua_pushvalue(L, 6);
+  lua_pushvalue(L, 9);
   lua_pushcclosure(L, wrapped, W_NUP);
   return 1;
 }
@@ -360,14 +477,7 @@ static int l_enter(lua_State *L) {
     lua_getupvalue(L, 1, AH_NUP + 6); /* T_TRIGGER */
     trigger = lua_tointeger(L, -1);
     lua_pop(L, 2);
-    if (lua_getupvalue(L, 1, AH_NUP + 3) == LUA_TNIL && st->res_on) {
-      lua_pop(L, 1); /* resource wanted after all */
-      lua_createtable(L, 0, 1);
-      lua_getupvalue(L, 1, AH_NUP + 4); /* T_HANDLE */
-      lua_setfield(L, -2, "handle");
-      lua_pushvalue(L, -1);
-      lua_setupvalue(L, 1, AH_NUP + 3);
-    }
+    lua_getupvalue(L, 1, AH_NUP + 3); /* T_RES */
     lua_getupvalue(L, 1, AH_NUP + 2); /* T_FRAME */
     lua_getupvalue(L, 1, AH_NUP + 1); /* T_CB */
     if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
@@ -375,7 +485,12 @@ static int l_enter(lua_State *L) {
     st->active += 2;
     st->slots[s].id = id;
     st->slots[s].trigger = trigger;
-    ah_set_resource(L, s, -3);
+    if (!lua_isnil(L, -3) || (st->slots[s].anchored & A_RES))
+      ah_set_resource(L, s, -3);
+    if (lua_isnil(L, -3)) { /* not made yet: R[s] = the trampoline */
+      lua_pushvalue(L, 1);
+      lua_rawseti(L, AH_UV_R, s);
+    }
     ah_set_frame(L, s, -2);
     lua_rotate(L, -3, 1); /* cb below resource and frame */
     lua_pop(L, 2);
@@ -408,9 +523,9 @@ static int l_leave(lua_State *L) {
     st->active--;
   }
   if (lua_tocfunction(L, 6) == tramp && st->nhooks[AH_DESTROY]) {
-    lua_getupvalue(L, 6, AH_NUP + 7); /* T_ONESHOT */
+    lua_getupvalue(L, 6, AH_NUP + 7); /* T_INFO */
     lua_getupvalue(L, 6, AH_NUP + 5); /* T_ID */
-    if (lua_toboolean(L, -2)) ah_queue_destroy(st, lua_tointeger(L, -1));
+    if (oneshot(L, -2)) ah_queue_destroy(st, lua_tointeger(L, -1));
     lua_pop(L, 2);
   }
   s = ah_slot_of(L, st);

@@ -2,7 +2,7 @@
 -- many live coroutines (slot growth), collected and closed ones; every
 -- thread checks that its host bytes are intact.
 local ah = require("async_hooks").install()
-local stats = ah.core.stats
+local stats = require("async_hooks.core").stats
 assert(stats().extraspace == not host_mode,
   "extraspace in use: " .. tostring(stats().extraspace))
 local v = ah.AsyncLocal.new { default = "d" }
