@@ -42,13 +42,13 @@ static int co_create(lua_State *L) {
   top = lua_gettop(L);
   s = ah_slot_of(L, st);
   if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
-                st->free_low >= 0)) {
+                (st->free_low >= 0 || st->free_high >= 0))) {
     int ns, framed;
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) goto full; /* binding allocates */
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
     framed = lua_topointer(L, top + 1) != st->empty;
-    if (framed) ah_arm_anchors(L, st); /* can fail: before any change */
+    if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
     ns = ah_take_slot(L, st, NL, trigger);
     ah_bind_thread(L, st, ns, top);
     lua_pushvalue(L, top);

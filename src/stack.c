@@ -489,6 +489,22 @@ static int pend_gc(lua_State *L) {
   return 0;
 }
 
+/* Before ah_take_slot + ah_anchor_frame: arm the sentinel and make sure
+** AUX_PEND has a key for the slot that will be taken (beyond the presized
+** array part it may need memory), so that anchoring cannot fail.  Raw sets
+** run no finalizer: the free-list head stays what it is now. */
+void ah_reserve_anchor(lua_State *L, ah_state *st) {
+  int next;
+  ah_arm_anchors(L, st);
+  next = st->free_low >= 0 ? st->free_low : st->free_high;
+  if (next > AH_INLINE) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, next);
+    lua_pop(L, 1);
+  }
+}
+
 /* make sure a sentinel will run at the end of the next collection cycle
 ** (allocates, can run finalizers: callers arm before anything changes) */
 void ah_arm_anchors(lua_State *L, ah_state *st) {
