@@ -100,6 +100,7 @@ typedef struct ah_state {
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
   int npend;                 /* slots with A_PEND */
   int armed;                 /* a sentinel will move them at the next cycle */
+  int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
@@ -132,6 +133,7 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
 }
 int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx);
 void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx);
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
 int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,

@@ -45,7 +45,7 @@ static int co_create(lua_State *L) {
                 (st->free_low >= 0 || st->free_high >= 0))) {
     int ns, framed;
     lua_Integer trigger = st->slots[s].id;
-    if (ah_unlikely(!st->extra)) goto full; /* binding allocates */
+    if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
     framed = lua_topointer(L, top + 1) != st->empty;
     if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
@@ -57,8 +57,6 @@ static int co_create(lua_State *L) {
     lua_rawseti(L, AH_UV_F, ns);
     return 1;
   }
-full:
-  lua_settop(L, top);
   init_coroutine(L, st, top);
   return 1;
 }

@@ -344,13 +344,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     aux_eph_set(L, AUX_TGC, thread_idx, -1);
     lua_pop(L, 1);
   }
-  if (!st->extra) { /* make the TSLOT key now: binding cannot fail then */
-    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
-    lua_pushvalue(L, thread_idx);
-    lua_pushboolean(L, 0);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
-  }
+  if (!st->extra) ah_reserve_binding(L, st, thread_idx);
   if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
@@ -397,6 +391,19 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
   sl->base_id = sl->id = st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
   return s;
+}
+
+/* When the host owns the extra space: make the AUX_TSLOT key of the thread
+** at thread_idx now (allocates; before anything changes), so that
+** ah_bind_thread cannot fail. */
+void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx) {
+  (void)st;
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  lua_pushboolean(L, 0);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
 }
 
 /* Record that the thread at thread_idx owns slot s: in its extra space, or
@@ -521,14 +528,20 @@ void ah_arm_anchors(lua_State *L, ah_state *st) {
 ** fresh asyncId the first time it touches the library. */
 int ah_slot_slow(lua_State *L, ah_state *st) {
   int s;
+  if (!st->extra) { /* the host owns the extra space: a one-entry cache */
+    s = st->last_slot;
+    if (s < st->cap && st->slots[s].L == L) return s;
+  }
   lua_pushthread(L);
   if (!st->extra && (s = ah_slot_find(L, st, L, -1)) > 0) {
     lua_pop(L, 1);
+    st->last_slot = s;
     return s;
   }
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
   lua_pop(L, 2);
+  st->last_slot = s;
   return s;
 }
 
@@ -671,8 +684,11 @@ static void add_funcs(lua_State *L, const luaL_Reg *l) {
 
 /* The manual reserves LUA_EXTRASPACE for the host: use it only when the
 ** main thread's bytes are all zero (a host that stores data there keeps
-** it; every thread is then looked up in AUX_TSLOT instead). */
-static int host_extra_unused(lua_State *mainL) {
+** it; every thread is then looked up in AUX_TSLOT instead).  Lua does not
+** initialize the main thread's bytes: a host that never touches them gets
+** whatever the allocator returned, zero for a fresh allocation (valgrind
+** flags this deliberate read: .ci/valgrind.supp). */
+static AH_NOINLINE int host_extra_unused(lua_State *mainL) {
   const unsigned char *p = (const unsigned char *)lua_getextraspace(mainL);
   size_t i;
   for (i = 0; i < LUA_EXTRASPACE; i++)
