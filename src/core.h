@@ -98,7 +98,7 @@ typedef struct ah_state {
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
-  int npend;                 /* slots with A_PEND */
+  int npend;                 /* slots with A_PEND or A_STALE */
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
@@ -116,7 +116,8 @@ typedef struct ah_state {
 ** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
 ** thread's key exists in T / AUX_TR, so writing it cannot allocate */
 enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
-       A_PEND = 16 }; /* A_PEND: the frame is anchored in AUX_PEND, not T */
+       A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
+       A_STALE = 32 }; /* free slot whose AUX_PEND entry is still set */
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
@@ -133,6 +134,7 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
 }
 int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx);
 void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_bind_thread_table(lua_State *L, int s, int thread_idx);
 void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx);
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
@@ -141,6 +143,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
 void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx);
 void ah_arm_anchors(lua_State *L, ah_state *st);
+void ah_drop_stale(lua_State *L, ah_state *st, int s);
 void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);

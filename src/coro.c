@@ -50,10 +50,16 @@ static int co_create(lua_State *L) {
     framed = lua_topointer(L, top + 1) != st->empty;
     if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
     ns = ah_take_slot(L, st, NL, trigger);
-    ah_bind_thread(L, st, ns, top);
+    if (ah_likely(st->extra))
+      ah_extra(NL) = (uintptr_t)ns;
+    else
+      ah_bind_thread_table(L, ns, top);
     lua_pushvalue(L, top);
     lua_rawseti(L, AH_UV_TH, ns);
-    if (framed) ah_anchor_frame(L, st, ns, top, top + 1);
+    if (framed)
+      ah_anchor_frame(L, st, ns, top, top + 1);
+    else if (ah_unlikely(st->slots[ns].anchored & A_STALE))
+      ah_drop_stale(L, st, ns);
     lua_rawseti(L, AH_UV_F, ns);
     return 1;
   }

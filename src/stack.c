@@ -66,8 +66,8 @@ static int alloc_slot(ah_state *st) {
 
 /* back to the inline array once no heap slot is in use and load is low */
 static void maybe_shrink(ah_state *st) {
-  if (st->used_high || st->used_low > AH_INLINE / 2 ||
-      st->slots == st->inline_slots)
+  if (st->slots == st->inline_slots || st->used_high ||
+      st->used_low > AH_INLINE / 2)
     return;
   memcpy(st->inline_slots, st->slots, sizeof(ah_slot) * AH_INLINE);
   free(st->slots);
@@ -272,9 +272,9 @@ static void clear(lua_State *L, ah_state *st, int s) {
 ** next registration); R[s] of a free slot is always nil or false. */
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
-  if (sl->kind == AH_KMAIN) return;
-  if (sl->has_gc) ((ah_cotok *)sl->gctok)->slot = -1;
-  if (st->extra) {
+  if (ah_unlikely(sl->kind == AH_KMAIN)) return;
+  if (ah_unlikely(sl->has_gc)) ((ah_cotok *)sl->gctok)->slot = -1;
+  if (ah_likely(st->extra)) {
     ah_extra(sl->L) = AH_RELEASED;
   } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
     lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
@@ -283,11 +283,18 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     lua_rawset(L, -3);
     lua_pop(L, 1);
   }
-  if (sl->anchored & A_RES) {
-    lua_pushnil(L);
-    lua_rawseti(L, AH_UV_R, s);
+  if (sl->anchored & (A_RES | A_PEND)) {
+    if (sl->anchored & A_RES) {
+      lua_pushnil(L);
+      lua_rawseti(L, AH_UV_R, s);
+    }
+    if (sl->anchored & A_PEND) {
+      if (s < AH_INLINE) /* dropped by the next anchor here, or the sentinel */
+        sl->anchored = (unsigned char)((sl->anchored & ~A_PEND) | A_STALE);
+      else /* heap slots can go away (maybe_shrink): drop it now */
+        unpend(L, st, s);
+    }
   }
-  if (sl->anchored & A_PEND) unpend(L, st, s);
   free_slot(st, s);
 }
 
@@ -351,6 +358,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     luaL_error(L, "not enough memory for a context slot");
   s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
+  if (sl->anchored & A_STALE) ah_drop_stale(L, st, s);
   sl->gctok = tok;
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
@@ -387,7 +395,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
   sl->kind = AH_KCORO;
   sl->destroyed = 0;
   sl->scopes = 0;
-  sl->anchored = 0;
+  sl->anchored &= A_STALE; /* the caller overwrites or drops that entry */
   sl->base_id = sl->id = st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
   return s;
@@ -414,6 +422,11 @@ void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx) {
     ah_extra(lua_tothread(L, thread_idx)) = (uintptr_t)s;
     return;
   }
+  ah_bind_thread_table(L, s, thread_idx);
+}
+
+/* the AUX_TSLOT half of ah_bind_thread */
+void ah_bind_thread_table(lua_State *L, int s, int thread_idx) {
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
@@ -463,8 +476,22 @@ void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
+  if (st->slots[s].anchored & A_STALE) /* overwritten: still one entry */
+    st->slots[s].anchored &= ~A_STALE;
+  else
+    st->npend++;
   st->slots[s].anchored |= A_FRAME | A_PEND;
-  st->npend++;
+}
+
+/* the new owner of slot s has no frame to anchor: drop the entry its
+** previous owner left in AUX_PEND (raw set of an existing key) */
+void ah_drop_stale(lua_State *L, ah_state *st, int s) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  st->slots[s].anchored &= ~A_STALE;
+  st->npend--;
 }
 
 /* __gc of the sentinel: move the deferred anchors of live coroutines to T
@@ -480,6 +507,10 @@ static int pend_gc(lua_State *L) {
   lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
   for (i = 1; i < st->cap && st->npend > 0; i++) {
     ah_slot *sl = &st->slots[i];
+    if (sl->anchored & A_STALE) { /* a free slot's leftover */
+      ah_drop_stale(L, st, i);
+      continue;
+    }
     if (!sl->L || !(sl->anchored & A_PEND)) continue;
     if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 2 */
       lua_rawgeti(L, 1, i);
@@ -689,7 +720,10 @@ static void add_funcs(lua_State *L, const luaL_Reg *l) {
 ** whatever the allocator returned, zero for a fresh allocation (valgrind
 ** flags this deliberate read: .ci/valgrind.supp). */
 static AH_NOINLINE int host_extra_unused(lua_State *mainL) {
-  const unsigned char *p = (const unsigned char *)lua_getextraspace(mainL);
+  /* volatile: one test per byte, so that memcheck sees (and the
+  ** suppression names) the read here, and the result is a constant */
+  const volatile unsigned char *p =
+      (const volatile unsigned char *)lua_getextraspace(mainL);
   size_t i;
   for (i = 0; i < LUA_EXTRASPACE; i++)
     if (p[i]) return 0;
