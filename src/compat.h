@@ -26,11 +26,13 @@
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_NOINLINE __attribute__((noinline))
 #define AH_ALWAYS_INLINE inline __attribute__((always_inline))
+#define AH_BRANCH_BARRIER() __asm__ __volatile__("")
 #define ah_likely(x) __builtin_expect(((x) != 0), 1)
 #define ah_unlikely(x) __builtin_expect(((x) != 0), 0)
 #else
 #define AH_NOINLINE
 #define AH_ALWAYS_INLINE
+#define AH_BRANCH_BARRIER() ((void)0)
 #define ah_likely(x) (x)
 #define ah_unlikely(x) (x)
 #endif

@@ -1,6 +1,7 @@
 -- Workload for tests/extrahost.c: coroutines with values, scopes, hooks,
 -- many live coroutines (slot growth), collected and closed ones; every
 -- thread checks that its host bytes are intact.
+-- luacheck: globals host_mode host_check (set by the host)
 local ah = require("async_hooks").install()
 local stats = require("async_hooks.core").stats
 assert(stats().extraspace == not host_mode,
@@ -41,7 +42,7 @@ for i = 1, 300, 2 do
   assert(not coroutine.resume(live[i]))
 end
 for i = 2, 300, 4 do assert(coroutine.close(live[i])) end
-live = nil
+live = nil -- luacheck: ignore 311 (dropped for the collector)
 collectgarbage()
 collectgarbage()
 -- wrap, nested coroutines, AsyncResource scopes, ids
