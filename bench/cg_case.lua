@@ -54,6 +54,25 @@ function cases.timer_chain()
   return "steps=" .. n
 end
 
+--- A chain with a new timer per step, closed in its callback (what a
+-- request's `sleep(0)` does): no re-arming of the same handle.
+function cases.timer_new()
+  local left, seen = n, "unset"
+  local function step(t)
+    t:close()
+    left = left - 1
+    if left <= 0 then seen = v:get() return end
+    local t2 = uv.new_timer()
+    t2:start(0, 0, function() step(t2) end)
+  end
+  local t = uv.new_timer()
+  t:start(0, 0, function() step(t) end)
+  uv.run()
+  assert(left == 0, "the chain ran every step")
+  assert(seen == expected, ("callback saw %s, expected %s"):format(tostring(seen), tostring(expected)))
+  return "steps=" .. n
+end
+
 --- The same with an idle handle re-registered each step (next-tick style).
 function cases.idle_chain()
   local t = uv.new_idle()

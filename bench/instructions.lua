@@ -26,6 +26,9 @@ M.ROWS = {
 
 --- Further rows without a target, printed for the record.
 M.INFO = {
+  { "0 ms chain with a new timer per step (a request's sleep(0)), nothing set",
+    "timer_new", "installed", "timer_new", "raw" },
+  { "0 ms chain with a new timer per step, value set", "timer_new", "value", "timer_new", "raw" },
   { "luv idle chain (re-registered each step), nothing set", "idle_chain", "installed", "idle_chain", "raw" },
   { "luv idle chain, value set", "idle_chain", "value", "idle_chain", "raw" },
   { "luv idle chain, 4 empty hooks", "idle_chain", "hooks", "idle_chain", "raw" },
@@ -41,7 +44,7 @@ M.INFO = {
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
-local SIZE = { timer_chain = 10000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
+local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end
@@ -117,7 +120,7 @@ function M.run(info)
         print(("| %s | %.0f | %.0f | %.3fx | %s |"):format(row[1], a.ins, b.ins, ratio,
           row[6] and ("<= %.2fx"):format(row[6]) or "-"))
         if row[6] then
-          out[#out + 1] = { path = row[1], value = ("%.2fx"):format(ratio),
+          out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio),
             target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6] }
         end
       end

@@ -136,7 +136,7 @@ return function(B)
 
   --- A set of option keys with its message form.
   local function keys(list)
-    local set = { [0] = concat(list, ", ") }
+    local set = { [0] = #list > 0 and concat(list, ", ") or "none" }
     for _, k in ipairs(list) do set[k] = true end
     return set
   end
