@@ -52,6 +52,17 @@ describe("the C call graph #callgraph", function()
     assert.matches("a%.c %-> b%.c", out)
   end)
 
+  it("a shared data symbol is no call: no loop through it", function()
+    -- b.c reads a key defined in a.c, which calls b.c
+    local ok, out = check(fixture{
+      ["a.c"] = "int ah_b(void);\nconst char ah_key = 1;\nint ah_a(void) { return ah_b(); }\n",
+      ["b.c"] = "extern const char ah_key;\nint ah_b(void) { return ah_key; }\n",
+    })
+    assert(ok, out)
+    assert.matches("order, bottom first: b%.c a%.c", out)
+    assert.matches("\n  b%.c %-> \n", out)
+  end)
+
   it("the checker accepts a chain and rejects a stray global symbol", function()
     local ok, out = check(fixture{
       ["a.c"] = "void ah_b(void);\nvoid ah_a(void) { ah_b(); }\n",

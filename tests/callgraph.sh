@@ -5,7 +5,8 @@
 #
 # Compiles each srcdir/*.c to an object, reads with nm which ah_* symbols it
 # defines and which it uses from elsewhere, and draws an edge file -> file
-# for every use.  Prints the graph (file -> files it calls) and the files
+# for every call (a use of a function; a shared data symbol, such as a
+# registry key's address, is not a call).  Prints the graph (file -> files it calls) and the files
 # in dependency order (bottom first); fails, naming the files of a loop,
 # when the graph has a cycle.  Also fails when an object defines a global
 # symbol other than ah_* and luaopen_* (everything else is static), or
@@ -26,24 +27,27 @@ for c in "$src"/*.c; do
   # "<file> D <sym>" for definitions, "<file> U <sym>" for uses
   nm "$tmp/$f.o" | awk -v f="$f" '
     $1 == "U" { print f, "U", $2; next }
-    NF == 3 && $2 ~ /^[A-Z]$/ { print f, "D", $3 }' >> "$tmp/syms"
+    NF == 3 && $2 == "T" { print f, "D", $3; next }
+    NF == 3 && $2 ~ /^[A-Z]$/ { print f, "DATA", $3 }' >> "$tmp/syms"
 done
 
 status=0
-bad=$(awk '$2 == "D" && $3 !~ /^(ah_|luaopen_)/ { print $1 ": " $3 }' "$tmp/syms")
+bad=$(awk '($2 == "D" || $2 == "DATA") && $3 !~ /^(ah_|luaopen_)/ { print $1 ": " $3 }' "$tmp/syms")
 if [ -n "$bad" ]; then
   echo "callgraph: global symbols that should be static:"; echo "$bad"; status=1
 fi
 
-# edges "caller callee", one per pair
+# edges "caller callee", one per pair: uses of functions (defined in text,
+# nm's T); a shared data symbol (a registry key's address) is no call
 awk '
   $2 == "D" { def[$3] = $1; next }
+  $2 == "DATA" { def[$3] = $1; data[$3] = 1; next }
   $2 == "U" && $3 ~ /^ah_/ { use[NR] = $1 " " $3 }
   END {
     for (i in use) {
       split(use[i], p, " ")
       if (!(p[2] in def)) { print "UNDEF " p[1] " " p[2]; continue }
-      if (def[p[2]] != p[1]) print p[1], def[p[2]]
+      if (def[p[2]] != p[1] && !(p[2] in data)) print p[1], def[p[2]]
     }
   }' "$tmp/syms" | sort -u > "$tmp/edges"
 if grep -q '^UNDEF' "$tmp/edges"; then
