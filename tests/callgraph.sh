@@ -23,6 +23,7 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 
 for c in "$src"/*.c; do
   f=$(basename "$c")
+  # shellcheck disable=SC2086 # CC and LUA_CFLAGS are word lists
   $CC -std=c99 -O0 -c $LUA_CFLAGS -I"$src" "$c" -o "$tmp/$f.o"
   # "<file> D <sym>" for definitions, "<file> U <sym>" for uses
   nm "$tmp/$f.o" | awk -v f="$f" '
