@@ -25,7 +25,7 @@ for c in "$src"/*.c; do
   f=$(basename "$c")
   # shellcheck disable=SC2086 # CC and LUA_CFLAGS are word lists
   $CC -std=c99 -O0 -c $LUA_CFLAGS -I"$src" "$c" -o "$tmp/$f.o"
-  # "<file> D <sym>" for definitions, "<file> U <sym>" for uses
+  # "<file> D <sym>": a function defined; DATA: data defined; U: used
   nm "$tmp/$f.o" | awk -v f="$f" '
     $1 == "U" { print f, "U", $2; next }
     NF == 3 && $2 == "T" { print f, "D", $3; next }
