@@ -23,7 +23,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint
+.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
 
 all: build
 
@@ -89,6 +89,11 @@ docs:
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
 	ldoc -c config.ld . >/dev/null
 	@echo "build/docs/index.html"
+
+# the call graph between the C files has no cycle (nm over each object;
+# prints the graph; also run by spec/14-callgraph_spec.lua)
+callgraph:
+	./tests/callgraph.sh src
 
 # luacheck (Debian's lua-check) with .luacheckrc
 lint:

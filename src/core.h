@@ -56,7 +56,7 @@ enum {
   AUX_LUV,       /* luv integration state */
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
-  AUX_PEND,      /* slot -> frame: deferred anchors (strong; see stack.c) */
+  AUX_PEND,      /* slot -> frame: deferred anchors (strong; see slots.c) */
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
@@ -107,6 +107,9 @@ typedef struct ah_state {
   lua_Integer *cb;           /* native stack of entered luv trampolines */
   size_t cb_n, cb_cap;
   lua_Integer cb_inline[AH_CB_INLINE];
+  /* makes the resource of the luv callback running in slot s on demand
+  ** (set by ah_open_luv; slots.c calls it without knowing luv.c) */
+  int (*lazy_resource)(lua_State *L, struct ah_state *st, int s);
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 
@@ -119,7 +122,30 @@ enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
        A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
        A_STALE = 32 }; /* free slot whose AUX_PEND entry is still set */
 
-/* stack.c */
+/* Files, bottom up; each calls only files listed before it (checked
+** by `make callgraph`, tests/callgraph.sh):
+**   base.c    helpers (shared upvalues, tables, callable, destroy queue)
+**   slots.c   the slot store: allocation, anchors, lifetime, ids
+**   frames.c  frames, AsyncLocal
+**   hooks.c   hook set, dispatch, destroy delivery
+**   scope.c   scope guards
+**   coro.c    coroutine trampoline
+**   luv.c     luv trampoline, cb_pcall
+**   core.c    the module entry (luaopen_async_hooks_core)
+** Every file but base.c has one ah_open_<file>(L), called by core.c inside
+** its build closure (AH_UV_* valid) with the module table on top: it makes
+** its aux entries and metatables and adds its functions to the module. */
+
+/* base.c */
+void ah_push_shared(lua_State *L);
+void ah_add_funcs(lua_State *L, const luaL_Reg *l);
+void ah_new_metatable(lua_State *L, const char *name, lua_CFunction gc,
+                      int aux_key);
+void ah_weak_table(lua_State *L, const char *mode, int narr);
+int ah_callable(lua_State *L, int idx);
+void ah_queue_destroy(ah_state *st, lua_Integer id);
+
+/* slots.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
 int ah_slot_slow(lua_State *L, ah_state *st);
 /* The slot of the running thread.  Reading the extra space is safe even
@@ -154,19 +180,15 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
-void ah_push_shared(lua_State *L);
-extern const luaL_Reg ah_slot_funcs[];
+void ah_open_slots(lua_State *L);
 
 /* frames.c */
-int ah_callable(lua_State *L, int idx);
 void ah_open_frames(lua_State *L);
-extern const luaL_Reg ah_frame_funcs[];
 
 /* hooks.c */
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
-void ah_queue_destroy(ah_state *st, lua_Integer id);
 void ah_flush(lua_State *L, ah_state *st);
 void ah_luv_notify(lua_State *L, ah_state *st);
 /* at the end of an outermost callback, resume or scope: deliver queued
@@ -178,20 +200,18 @@ void ah_luv_notify(lua_State *L, ah_state *st);
   } while (0)
 #define ah_hooks_on(st, k) ((st)->nhooks[k] != 0)
 void ah_open_hooks(lua_State *L);
-extern const luaL_Reg ah_hook_funcs[];
 
 /* scope.c */
 void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
                 lua_Integer trigger, int res_idx);
 void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx);
 void ah_open_scope(lua_State *L);
-extern const luaL_Reg ah_scope_funcs[];
 
 /* coro.c */
 void ah_open_coro(lua_State *L);
 
 /* luv.c */
 int ah_luv_resource(lua_State *L, ah_state *st, int s);
-extern const luaL_Reg ah_luv_funcs[];
+void ah_open_luv(lua_State *L);
 
 #endif

@@ -302,7 +302,6 @@ static const luaL_Reg coro_funcs[] = {
 /* module table on top: adds module.coro = {create, wrap, resume, close} */
 void ah_open_coro(lua_State *L) {
   lua_createtable(L, 0, 4);
-  ah_push_shared(L);
-  luaL_setfuncs(L, coro_funcs, AH_NUP);
+  ah_add_funcs(L, coro_funcs);
   lua_setfield(L, -2, "coro");
 }

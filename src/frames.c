@@ -152,16 +152,6 @@ static int caller_error(lua_State *L, const char *fmt, const char *fname,
   return lua_error(L);
 }
 
-/* a function, or a table/userdata with a __call metamethod */
-int ah_callable(lua_State *L, int idx) {
-  int t = lua_type(L, idx);
-  if (t == LUA_TFUNCTION) return 1;
-  if (t != LUA_TTABLE && t != LUA_TUSERDATA) return 0;
-  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return 0;
-  lua_pop(L, 1);
-  return 1;
-}
-
 /* The closure made by enterer(message) raises message(v, value, fn) (a
 ** string) at its caller's caller instead of its own messages. */
 #define AH_UV_MESSAGE lua_upvalueindex(AH_NUP + 1)
@@ -287,7 +277,7 @@ static int l_frame_size(lua_State *L) {
   return 1;
 }
 
-const luaL_Reg ah_frame_funcs[] = {
+static const luaL_Reg frame_funcs[] = {
   {"get", l_get},
   {"set", l_set},
   {"enter", l_enter_frame},
@@ -302,6 +292,8 @@ const luaL_Reg ah_frame_funcs[] = {
   {NULL, NULL}
 };
 
+/* module table on top: the frame metatable, the empty frame, the frame
+** functions */
 void ah_open_frames(lua_State *L) {
   lua_createtable(L, 0, 3);
   lua_pushliteral(L, "k");
@@ -316,5 +308,7 @@ void ah_open_frames(lua_State *L) {
   lua_newtable(L);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);
+  ah_st(L)->empty = lua_topointer(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_EMPTY);
+  ah_add_funcs(L, frame_funcs);
 }

@@ -264,16 +264,7 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
 /* --------------------------------------------------------------------- */
 /* destroy queue                                                           */
 
-void ah_queue_destroy(ah_state *st, lua_Integer id) {
-  if (st->dq_n == st->dq_cap) {
-    size_t ncap = st->dq_cap ? st->dq_cap * 2 : 16;
-    lua_Integer *n = realloc(st->dq, ncap * sizeof(lua_Integer));
-    if (!n) return; /* out of memory in a finalizer: the event is lost */
-    st->dq = n;
-    st->dq_cap = ncap;
-  }
-  st->dq[st->dq_n++] = id;
-}
+/* ah_queue_destroy is in base.c (slots.c queues from a finalizer) */
 
 /* deliver queued destroys, in queue order, including those queued while
 ** delivering; callers make sure no callback, resume or dispatch is active */
@@ -370,7 +361,7 @@ static int l_gc_token_cancel(lua_State *L) {
   return 0;
 }
 
-const luaL_Reg ah_hook_funcs[] = {
+static const luaL_Reg hook_funcs[] = {
   {"hook_enable", l_hook_enable},
   {"hook_disable", l_hook_disable},
   {"hook_counts", l_hook_counts},
@@ -384,11 +375,25 @@ const luaL_Reg ah_hook_funcs[] = {
   {NULL, NULL}
 };
 
+/* module table on top: the hook lists, the GC token metatable, the hook
+** functions */
 void ah_open_hooks(lua_State *L) {
+  int i;
+  lua_newtable(L);
+  lua_rawseti(L, AH_UV_AUX, AUX_ORDER);
+  lua_createtable(L, AH_NKINDS, 0);
+  for (i = 1; i <= AH_NKINDS; i++) {
+    lua_newtable(L);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
+  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
   lua_createtable(L, 0, 2);
   lua_pushliteral(L, "async_hooks.gctoken");
   lua_setfield(L, -2, "__name");
   lua_pushcfunction(L, gctok_gc);
   lua_setfield(L, -2, "__gc");
   lua_rawseti(L, AH_UV_AUX, AUX_GCTOK_MT);
+  ah_add_funcs(L, hook_funcs);
 }

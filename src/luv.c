@@ -677,7 +677,7 @@ static int l_luv_attached(lua_State *L) {
   return 1;
 }
 
-const luaL_Reg ah_luv_funcs[] = {
+static const luaL_Reg luv_funcs[] = {
   {"luv_wrap", l_luv_wrap},
   {"luv_attach", l_luv_attach},
   {"luv_detach", l_luv_detach},
@@ -685,3 +685,10 @@ const luaL_Reg ah_luv_funcs[] = {
   {"luv_flags", l_luv_flags},
   {NULL, NULL}
 };
+
+/* module table on top: the luv functions; slots.c asks ah_luv_resource
+** for the lazily made resource of a running callback */
+void ah_open_luv(lua_State *L) {
+  ah_st(L)->lazy_resource = ah_luv_resource;
+  ah_add_funcs(L, luv_funcs);
+}

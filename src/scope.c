@@ -146,11 +146,12 @@ void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
   lua_settop(L, base - 1);
 }
 
-const luaL_Reg ah_scope_funcs[] = {
+static const luaL_Reg scope_funcs[] = {
   {"enter_scope", l_enter_scope},
   {NULL, NULL}
 };
 
+/* module table on top: the guard metatable, enter_scope */
 void ah_open_scope(lua_State *L) {
   lua_createtable(L, 0, 2);
   lua_pushliteral(L, "async_hooks.scope");
@@ -159,4 +160,5 @@ void ah_open_scope(lua_State *L) {
   lua_pushcclosure(L, guard_close, AH_NUP);
   lua_setfield(L, -2, "__close");
   lua_rawseti(L, AH_UV_AUX, AUX_GUARD_MT);
+  ah_add_funcs(L, scope_funcs);
 }

@@ -1,5 +1,6 @@
 /*
-** stack.c - the native store of execution contexts and the module entry.
+** slots.c - the native store of execution contexts: slot allocation,
+** thread anchors, slot lifetime, and the ids.
 **
 ** See core.h for the model.  A slot is allocated when a thread first needs a
 ** context (the main thread at load time, a coroutine at create time, any
@@ -9,14 +10,15 @@
 ** given back when its coroutine returns or is closed, by a finalizer token
 ** when destroy hooks need one, or else by a sweep when the free lists run
 ** dry: no per-coroutine finalizer in the common case.
+**
+** The bottom of the file graph but for base.c: it calls nothing above it.
+** A luv callback's lazily made resource is asked of st->lazy_resource, set
+** by ah_open_luv (see ah_push_resource_of).
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
-
-static char ah_key; /* registry[&ah_key] = module table */
-
 /* --------------------------------------------------------------------- */
 /* slot allocation                                                        */
 
@@ -584,7 +586,8 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   int t;
   thread_idx = lua_absindex(L, thread_idx);
   t = lua_rawgeti(L, AH_UV_R, s);
-  if (t == LUA_TFUNCTION && ah_luv_resource(L, st, s)) {
+  if (t == LUA_TFUNCTION && st->lazy_resource &&
+      st->lazy_resource(L, st, s)) {
     set_resource_of(L, st, s, thread_idx, -1);
     return;
   }
@@ -605,11 +608,6 @@ void ah_push_resource(lua_State *L, ah_state *st, int s) {
   lua_pushthread(L);
   ah_push_resource_of(L, st, s, -1);
   lua_remove(L, -2);
-}
-
-void ah_push_shared(lua_State *L) {
-  int i;
-  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
 }
 
 /* --------------------------------------------------------------------- */
@@ -634,84 +632,15 @@ static int l_execution_resource(lua_State *L) {
   return 1;
 }
 
-/* introspection for tests and benchmarks */
-static int l_stats(lua_State *L) {
-  ah_state *st = ah_st(L);
-  int i, used = 0;
-  for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 11);
-  lua_pushinteger(L, used);
-  lua_setfield(L, -2, "slots");
-  lua_pushinteger(L, st->cap);
-  lua_setfield(L, -2, "capacity");
-  lua_pushboolean(L, st->slots == st->inline_slots);
-  lua_setfield(L, -2, "inline");
-  lua_pushinteger(L, st->active);
-  lua_setfield(L, -2, "active");
-  lua_pushinteger(L, (lua_Integer)st->dq_n);
-  lua_setfield(L, -2, "queued_destroys");
-  lua_pushinteger(L, st->dispatching);
-  lua_setfield(L, -2, "dispatching");
-  lua_pushinteger(L, st->next_id);
-  lua_setfield(L, -2, "next_id");
-  lua_pushinteger(L, st->fast_callbacks);
-  lua_setfield(L, -2, "fast_callbacks");
-  lua_pushboolean(L, st->extra);
-  lua_setfield(L, -2, "extraspace");
-  lua_pushinteger(L, st->npend);
-  lua_setfield(L, -2, "pending_anchors");
-  return 1;
-}
-
-static int l_persist(lua_State *L) {
-  lua_rawgeti(L, AH_UV_AUX, AUX_PERSIST);
-  return 1;
-}
-
-const luaL_Reg ah_slot_funcs[] = {
+static const luaL_Reg slot_funcs[] = {
   {"executionAsyncId", l_execution_id},
   {"triggerAsyncId", l_trigger_id},
   {"executionAsyncResource", l_execution_resource},
-  {"stats", l_stats},
-  {"persist", l_persist},
   {NULL, NULL}
 };
 
 /* --------------------------------------------------------------------- */
-/* module                                                                  */
-
-static int state_gc(lua_State *L) {
-  ah_state *st = (ah_state *)lua_touserdata(L, 1);
-  st->closed = 1;
-  if (st->slots != st->inline_slots) free(st->slots);
-  st->slots = st->inline_slots;
-  st->cap = AH_INLINE;
-  free(st->dq);
-  st->dq = NULL;
-  if (st->cb != st->cb_inline) free(st->cb);
-  st->cb = st->cb_inline;
-  st->cb_n = 0;
-  st->dq_n = st->dq_cap = 0;
-  return 0;
-}
-
-static void new_metatable(lua_State *L, const char *name, lua_CFunction gc,
-                          int aux_key) {
-  lua_createtable(L, 0, 2);
-  lua_pushstring(L, name);
-  lua_setfield(L, -2, "__name");
-  if (gc) {
-    ah_push_shared(L);
-    lua_pushcclosure(L, gc, AH_NUP);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_rawseti(L, AH_UV_AUX, aux_key);
-}
-
-static void add_funcs(lua_State *L, const luaL_Reg *l) {
-  ah_push_shared(L);
-  luaL_setfuncs(L, l, AH_NUP);
-}
+/* open                                                                    */
 
 /* The manual reserves LUA_EXTRASPACE for the host: use it only when the
 ** main thread's bytes are all zero (a host that stores data there keeps
@@ -736,12 +665,11 @@ static AH_NOINLINE int host_extra_unused(lua_State *mainL) {
   return 1;
 }
 
-/* Build everything inside a closure so that helper code can use the
-** AH_UV_* indices. */
-static int build(lua_State *L) {
+/* the slot array (inline), the anchor tables and metatables, the id
+** functions; the main thread is registered by core.c once frames exist */
+void ah_open_slots(lua_State *L) {
   ah_state *st = ah_st(L);
   int i;
-  lua_State *mainL;
   st->slots = st->inline_slots;
   st->cap = AH_INLINE;
   st->free_low = st->free_high = -1;
@@ -749,100 +677,22 @@ static int build(lua_State *L) {
   ** has no slot, and F/R/TH keep every slot in their array part */
   for (i = AH_INLINE - 1; i >= 1; i--) push_free(st, i);
   st->next_id = 2;
-  st->cb = st->cb_inline;
-  st->cb_cap = AH_CB_INLINE;
-
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  mainL = lua_tothread(L, -1);
-  st->mainL = mainL;
-  st->extra = AH_EXTRA_FITS && host_extra_unused(mainL);
+  st->mainL = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  st->extra = AH_EXTRA_FITS && host_extra_unused(st->mainL);
 
-  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
-  new_metatable(L, "async_hooks.anchors", pend_gc, AUX_PEND_MT);
+  ah_new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
+  ah_new_metatable(L, "async_hooks.anchors", pend_gc, AUX_PEND_MT);
   lua_createtable(L, AH_INLINE, 0);
   lua_rawseti(L, AH_UV_AUX, AUX_PEND);
-  lua_newtable(L);
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "k");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
+  ah_weak_table(L, "k", 0);
   lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
+    ah_weak_table(L, "k", 0);
     lua_rawseti(L, AH_UV_AUX, i);
   }
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_TOP);
-  lua_newtable(L);
-  lua_rawseti(L, AH_UV_AUX, AUX_ORDER);
-  lua_createtable(L, AH_NKINDS, 0);
-  for (i = 1; i <= AH_NKINDS; i++) {
-    lua_newtable(L);
-    lua_rawseti(L, -2, i);
-  }
-  lua_pushvalue(L, -1);
-  lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
-  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
-  lua_newtable(L);
-  lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
-  ah_open_frames(L); /* sets AUX_FRAME_MT and AUX_EMPTY */
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  st->empty = lua_topointer(L, -1);
-  lua_pop(L, 1);
-  ah_open_hooks(L);
-  ah_open_scope(L);
-
-  /* the main thread: slot 1, asyncId 1, triggerAsyncId 0 */
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  ah_register(L, st, -2, -1, 0, AH_KMAIN);
-  lua_pop(L, 2);
-
-  lua_newtable(L);
-  add_funcs(L, ah_slot_funcs);
-  add_funcs(L, ah_frame_funcs);
-  add_funcs(L, ah_hook_funcs);
-  add_funcs(L, ah_scope_funcs);
-  ah_open_coro(L); /* adds the coroutine functions to the module */
-  add_funcs(L, ah_luv_funcs);
-  return 1;
-}
-
-static void weak_table(lua_State *L, const char *mode, int narr) {
-  lua_createtable(L, narr, 0);
-  lua_createtable(L, 0, 1);
-  lua_pushstring(L, mode);
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-}
-
-AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
-  ah_state *st;
-  /* idempotent: busted re-runs luaopen_* in the same state */
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_key) == LUA_TTABLE) return 1;
-  lua_pop(L, 1);
-  st = (ah_state *)lua_newuserdatauv(L, sizeof(ah_state), 0);
-  memset(st, 0, sizeof *st);
-  lua_createtable(L, 0, 1);
-  lua_pushcfunction(L, state_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
-  /* upvalue 1 is a light pointer (cheaper to read on every call); the
-  ** aux table anchors the userdata itself */
-  lua_pushlightuserdata(L, st);
-  weak_table(L, "v", AH_INLINE); /* F */
-  weak_table(L, "v", AH_INLINE); /* R */
-  weak_table(L, "k", 0);         /* T */
-  lua_createtable(L, AUX_N, 0);
-  lua_pushvalue(L, -6);
-  lua_rawseti(L, -2, AUX_STATE);
-  weak_table(L, "v", AH_INLINE); /* TH */
-  lua_pushcclosure(L, build, AH_NUP);
-  lua_call(L, 0, 1);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_key);
-  return 1;
+  ah_add_funcs(L, slot_funcs);
 }
