@@ -389,19 +389,22 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
 }
 
 /* A handle whose callback runs re-arms the same slot: its record is
-** updated in place once luv accepted it.  Stack: the n arguments. */
+** updated in place once luv accepted it.  Stack: the n arguments; luv's
+** start functions ignore values after their callback, which carry the new
+** callback, the resource (or nil) and the map (destroy hooks only). */
 static int rearm(lua_State *L, ah_state *st, ah_luv *lv, const ah_spec *sp,
                  int n, int pos) {
   ah_rec *r = lv->cur;
   int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
+  int res = st->nhooks[AH_INIT] || st->res_on;
   lua_Integer id, old;
-  lua_pushvalue(L, pos); /* n+1: the callback (luv ignores extra values */
-  if (st->nhooks[AH_INIT] || st->res_on) /* after a start callback) */
-    push_resource(L, 1);
-  else
-    lua_pushvalue(L, 1); /* n+2: the resource, or the handle */
-  lua_getiuservalue(L, W_LV, LV_MAP); /* n+3 */
-  if (destroy && !(r->flags & REC_MAPPED)) map_reserve(L, st, n + 3, 1, sp->slot);
+  luaL_checkstack(L, 8, "async_hooks");
+  lua_pushvalue(L, pos); /* n+1 */
+  if (res) push_resource(L, 1); else lua_pushnil(L); /* n+2 */
+  if (destroy) { /* n+3 */
+    lua_getiuservalue(L, W_LV, LV_MAP);
+    if (!(r->flags & REC_MAPPED)) map_reserve(L, st, n + 3, 1, sp->slot);
+  }
   lua_getiuservalue(L, W_LV, LV_CUR);
   lua_replace(L, pos);
   id = st->next_id++;
@@ -414,12 +417,11 @@ static int rearm(lua_State *L, ah_state *st, ah_luv *lv, const ah_spec *sp,
   lua_setiuservalue(L, pos, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
   lua_setiuservalue(L, pos, RV_FRAME);
-  lua_pushvalue(L, n + 2);
-  lua_setiuservalue(L, pos, RV_RES);
-  if (lua_istable(L, n + 2))
-    r->flags |= REC_RES;
-  else
-    r->flags &= (unsigned char)~REC_RES;
+  if (res || (r->flags & REC_RES)) {
+    if (res) lua_pushvalue(L, n + 2); else lua_pushvalue(L, 1);
+    lua_setiuservalue(L, pos, RV_RES);
+    r->flags = (unsigned char)(res ? r->flags | REC_RES : r->flags & ~REC_RES);
+  }
   if (r->flags & REC_MAPPED) {
     if (destroy) ah_queue_destroy(st, old);
   } else if (destroy) {
@@ -600,14 +602,14 @@ static int rec_call(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* the cb_pcall replacement                                              */
 
-/* Switch the main thread's frame (at fi) and resource (at ri; nil or
-** false: none), F/R/AUX taken from the ah_luv at lvi.  The main thread's
-** anchors are aux slots and its F/R keys exist from the start (see
-** stack.c), so this never allocates. */
-static void main_switch(lua_State *L, ah_state *st, int s, int lvi, int fi,
-                        int ri) {
+/* Switch the main thread's frame (at fi) and resource (at ri, 0: none);
+** F at Fi, R and AUX from the ah_luv at lvi.  The main thread's anchors
+** are aux slots and its F/R keys exist from the start (see stack.c), so
+** this never allocates. */
+static void main_switch(lua_State *L, ah_state *st, int s, int lvi, int Fi,
+                        int fi, int ri) {
   ah_slot *sl = &st->slots[s];
-  int res = lua_toboolean(L, ri), had_res = sl->anchored & A_RES;
+  int res = ri && lua_toboolean(L, ri), had_res = sl->anchored & A_RES;
   lua_getiuservalue(L, lvi, LV_AUX);
   if (lua_topointer(L, fi) != st->empty) {
     lua_pushvalue(L, fi);
@@ -627,20 +629,9 @@ static void main_switch(lua_State *L, ah_state *st, int s, int lvi, int fi,
     lua_rawseti(L, -2, s);
     lua_pop(L, 1);
   }
-  lua_getiuservalue(L, lvi, LV_F);
   lua_pushvalue(L, fi);
-  lua_rawseti(L, -2, s);
-  lua_pop(L, 2);
-}
-
-/* the frame of slot s differs from the value at idx */
-static int frame_differs(lua_State *L, int s, int lvi, int idx) {
-  const void *p;
-  lua_getiuservalue(L, lvi, LV_F);
-  lua_rawgeti(L, -1, s);
-  p = lua_topointer(L, -1);
-  lua_pop(L, 2);
-  return p != lua_topointer(L, idx);
+  lua_rawseti(L, Fi, s);
+  lua_pop(L, 1);
 }
 
 /* call the closure in user value uv of the ah_luv at lvi with the n values
@@ -653,41 +644,55 @@ static int protected(lua_State *L, int lvi, int uv, int n, int nres) {
   return 0;
 }
 
+/* the value at idx is not F[s] (F at Fi) */
+static int frame_differs(lua_State *L, int Fi, int s, int idx) {
+  const void *p;
+  lua_rawgeti(L, Fi, s);
+  p = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  return p != lua_topointer(L, idx);
+}
+
 /* Inline dispatch on the main thread: no Lua call unless a hook must be
 ** emitted or destroys are due.  The stack is [X args lv] with X the
 ** record r (or a plain callback when r is NULL); while the callback runs
-** it is [X lv prev_frame prev_res fn args]. */
+** it is [X lv F prev_frame prev_res fn args]. */
+enum { D_LV = 1, D_F, D_PFRAME, D_PRES, D_NSAVED = D_PRES };
 static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
                            ah_rec *r, int nargs, int nresults, int flags) {
-  int base = lua_gettop(L) - nargs - 1, lvi = base + 1, ret;
+  int base = lua_gettop(L) - nargs - 1, ret, top;
+  int lvi = base + D_LV, Fi = base + D_F, pfi = base + D_PFRAME, pri = base + D_PRES;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
-  /* [X args lv] -> [X lv pframe pres fn args] */
+  int pres = st->slots[s].anchored & A_RES, res = r && (r->flags & REC_RES);
+  /* [X args lv] -> [X lv F pframe pres fn args] */
   lua_getiuservalue(L, -1, LV_F);
   lua_rawgeti(L, -1, s);
-  lua_remove(L, -2);
-  lua_getiuservalue(L, -2, LV_R);
-  lua_rawgeti(L, -1, s);
-  lua_remove(L, -2);
+  if (pres) {
+    lua_getiuservalue(L, -3, LV_R);
+    lua_rawgeti(L, -1, s);
+    lua_replace(L, -2);
+  } else {
+    lua_pushboolean(L, 0);
+  }
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
-  lua_rotate(L, base + 1, 4);
+  lua_rotate(L, base + 1, D_NSAVED + 1);
   /* switch (nothing below allocates) */
   if (r) {
     lua_getiuservalue(L, base, RV_FRAME);
-    rec_push_resource(L, r, base);
+    if (res) lua_getiuservalue(L, base, RV_RES);
     st->slots[s].trigger = r->trigger;
   } else {
     lua_getiuservalue(L, lvi, LV_EMPTY);
-    lua_pushboolean(L, 0);
     st->slots[s].trigger = 0;
   }
   st->slots[s].id = id;
-  if (lua_toboolean(L, -1) || lua_toboolean(L, base + 3) ||
-      lua_topointer(L, -2) != lua_topointer(L, base + 2))
-    main_switch(L, st, s, lvi, lua_gettop(L) - 1, lua_gettop(L));
-  lua_pop(L, 2);
+  top = lua_gettop(L);
+  if (res || pres || lua_topointer(L, top - res) != lua_topointer(L, pfi))
+    main_switch(L, st, s, lvi, Fi, top - res, res ? top : 0);
+  lua_settop(L, base + D_NSAVED + nargs + 1);
   st->active += r ? 2 : 1; /* the callback, and its entry in st->cb */
   if (r) {
     lv->cur = r;
@@ -704,8 +709,8 @@ static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
   }
   lv->cur = NULL;
   if (st->nhooks[AH_AFTER] || st->cb_n != depth + (r != NULL)) {
-    lua_pushvalue(L, base + 3);
-    lua_pushvalue(L, base + 2);
+    lua_pushvalue(L, pri);
+    lua_pushvalue(L, pfi);
     lua_pushinteger(L, pid);
     lua_pushinteger(L, ptrig);
     lua_pushinteger(L, (lua_Integer)depth);
@@ -719,18 +724,17 @@ static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
-  if (st->slots[s].anchored & A_RES || lua_toboolean(L, base + 3) ||
-      frame_differs(L, s, lvi, base + 2))
-    main_switch(L, st, s, lvi, base + 2, base + 3);
+  if (pres || (st->slots[s].anchored & A_RES) || frame_differs(L, Fi, s, pfi))
+    main_switch(L, st, s, lvi, Fi, pfi, pres ? pri : 0);
   st->active--;
   if (st->dq_n && !st->active && !st->dispatching)
     protected(L, lvi, LV_FLUSH, 0, 0);
 done:
   if (nresults == 0) {
     lua_settop(L, base - 1);
-  } else { /* [X lv pframe pres results] -> [results] */
-    lua_rotate(L, base, -4);
-    lua_pop(L, 4);
+  } else { /* [X lv F pframe pres results] -> [results] */
+    lua_rotate(L, base, -(D_NSAVED + 1));
+    lua_pop(L, D_NSAVED + 1);
   }
   return ret;
 }
