@@ -1,4 +1,5 @@
 local ah = require("async_hooks")
+local core = require("async_hooks.core")
 local H = require("helpers")
 local AsyncLocal = ah.AsyncLocal
 local co = ah.coroutine
@@ -218,12 +219,12 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       end)
     end
     for i = 1, 10000 do assert.equal(i, cs[i]()) end
-    local grown = ah.core.stats()
+    local grown = core.stats()
     assert.is_false(grown.inline)
     assert.is_true(grown.slots > 10000)
     for i = 10000, 1, -1 do assert.equal(i, cs[i]()) end
     -- finished coroutines give their slot back at once
-    local st = ah.core.stats()
+    local st = core.stats()
     assert.is_true(st.slots < 100, "slots released: " .. st.slots)
     assert.is_true(st.inline, "slot table shrank back")
   end)
@@ -239,7 +240,7 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       return keep
     end
     local live = spawn(3000)
-    local peak = ah.core.stats().capacity
+    local peak = core.stats().capacity
     live = nil
     H.gc()
     for _ = 1, 5 do
@@ -248,7 +249,7 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       batch = nil
       H.gc()
     end
-    local st = ah.core.stats()
+    local st = core.stats()
     assert.is_true(st.capacity <= peak, ("capacity %d <= %d"):format(st.capacity, peak))
     assert.is_true(st.slots <= 3100, "slots in use: " .. st.slots)
   end)

@@ -1,5 +1,6 @@
 local uv = require("luv") -- on the main thread, before anything else
 local ah = require("async_hooks")
+local core = require("async_hooks.core")
 local H = require("helpers")
 local AsyncLocal = ah.AsyncLocal
 
@@ -32,7 +33,7 @@ describe("luv integration", function()
     local tcp_mt = debug.getregistry().uv_tcp
     local tstart, twrite = timer_mt.__index.start, tcp_mt.__index.write
     ah.install()
-    assert.is_true(ah.core.luv_attached())
+    assert.is_true(core.luv_attached())
     assert.are_not.equal(before.timer_start, uv.timer_start)
     assert.are_not.equal(before.fs_read, uv.fs_read)
     assert.equal(uv.timer_start, timer_mt.__index.start)
@@ -41,7 +42,7 @@ describe("luv integration", function()
     assert.equal(before.try_write, uv.try_write)
     ah.install() -- idempotent
     ah.uninstall()
-    assert.is_false(ah.core.luv_attached())
+    assert.is_false(core.luv_attached())
     for k, f in pairs(before) do assert.equal(f, uv[k], k) end
     assert.equal(tstart, timer_mt.__index.start)
     assert.equal(twrite, tcp_mt.__index.write)
@@ -101,11 +102,12 @@ describe("luv integration", function()
     local code, out = H.run_lua([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
+      local core = require("async_hooks.core")
       local t = uv.new_idle()
       local n = 0
       t:start(function() n = n + 1; if n == 100 then t:stop(); t:close() end end)
       uv.run()
-      print(n, ah.core.stats().fast_callbacks)
+      print(n, core.stats().fast_callbacks)
     ]])
     assert.equal(0, code)
     assert.equal("100\t100\n", out)
@@ -512,7 +514,7 @@ describe("luv integration", function()
     end)
 
     it("an error in a callback restores the context and emits after", function()
-      ah.core.luv_flags(1 + 4) -- luv: no exit, no message
+      core.luv_flags(1 + 4) -- luv: no exit, no message
       local v = AsyncLocal.new { default = "clean" }
       local log = {}
       track(ah.createHook {
@@ -526,11 +528,11 @@ describe("luv integration", function()
       end)
       t2:start(20, 0, function() later = v:get(); t2:close() end)
       run_loop()
-      ah.core.luv_flags(0)
+      core.luv_flags(0)
       assert.equal("clean", later)
       assert.equal("clean", v:get())
       assert.equal(1, ah.executionAsyncId())
-      assert.equal(0, ah.core.stats().active)
+      assert.equal(0, core.stats().active)
       -- the failing callback and the later one, each balanced
       assert.same({ "before", "after", "before", "after" }, log)
     end)

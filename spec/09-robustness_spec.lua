@@ -2,13 +2,14 @@
 -- moments: a clear error, and the library state intact afterwards.
 local uv = require("luv")
 local ah = require("async_hooks")
+local core = require("async_hooks.core")
 local H = require("helpers")
 local co = ah.coroutine
 
 local function state_intact()
   assert.equal(1, ah.executionAsyncId())
   assert.equal(0, ah.triggerAsyncId())
-  local st = ah.core.stats()
+  local st = core.stats()
   assert.equal(0, st.active)
   assert.equal(0, st.dispatching)
 end
@@ -31,7 +32,7 @@ describe("bad input", function()
       { function() v.disable(r) end, "bad self" },
       { function() als:run(1, "not a function") end, "function expected, got string" },
       { function() als:exit(nil) end, "bad argument #1 to 'exit'" },
-      { function() als.enterWith(1, 2) end, "AsyncLocal expected, got number" },
+      { function() als.enterWith(1, 2) end, "AsyncLocalStorage expected, got number" },
       { function() s:run(42) end, "function expected, got number" },
       { function() ah.Snapshot.run(r, print) end, "bad self %(Snapshot expected, got AsyncResource%)" },
       { function() ah.Snapshot.wrap() end, "function expected, got nil" },

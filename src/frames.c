@@ -32,9 +32,30 @@ static int token_of(lua_State *L, int idx) {
   return 0;
 }
 
+/* Closures made by getter()/setter() carry the names for their error
+** message as two extra upvalues (method, class); the plain get/set do not. */
+#define AH_UV_METHOD lua_upvalueindex(AH_NUP + 1)
+#define AH_UV_CLASS lua_upvalueindex(AH_NUP + 2)
+
+/* raise the bad-self error of get/set at the caller's line */
+static int bad_self(lua_State *L) {
+  const char *got;
+  if (lua_type(L, AH_UV_CLASS) != LUA_TSTRING)
+    return luaL_typeerror(L, 1, "AsyncLocal");
+  got = luaL_typename(L, 1);
+  if (luaL_getmetafield(L, 1, "__name") == LUA_TSTRING)
+    got = lua_tostring(L, -1);
+  luaL_where(L, 1);
+  lua_pushfstring(L, "calling '%s' on bad self (%s expected, got %s)",
+                  lua_tostring(L, AH_UV_METHOD), lua_tostring(L, AH_UV_CLASS),
+                  got);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 /* push the token of the AsyncLocal at idx, or raise */
 static void push_token(lua_State *L, int idx) {
-  if (!token_of(L, idx)) luaL_typeerror(L, idx, "AsyncLocal");
+  if (!token_of(L, idx)) bad_self(L);
 }
 
 /* get() is the hot path: only a table whose [1] is a full userdata gets
@@ -43,13 +64,13 @@ static void push_token(lua_State *L, int idx) {
 static int l_get(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
-  if (lua_type(L, 1) != LUA_TTABLE) luaL_typeerror(L, 1, "AsyncLocal");
+  if (lua_type(L, 1) != LUA_TTABLE) bad_self(L);
   s = ah_slot_of(L, st);
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   }
-  if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) luaL_typeerror(L, 1, "AsyncLocal");
+  if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) bad_self(L);
   switch (lua_rawget(L, -2)) {
     case LUA_TNIL: lua_getfield(L, 1, "default"); break;
     case LUA_TLIGHTUSERDATA:
@@ -197,6 +218,29 @@ static int l_newtoken(lua_State *L) {
   return 1;
 }
 
+static int l_empty_frame(lua_State *L) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  return 1;
+}
+
+/* getter(method, class) / setter(method, class): get / set as a closure
+** whose bad-self error names that method and class */
+static int accessor(lua_State *L, lua_CFunction f) {
+  int i;
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  lua_settop(L, 2);
+  luaL_checkstack(L, AH_NUP + 2, NULL);
+  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushcclosure(L, f, AH_NUP + 2);
+  return 1;
+}
+
+static int l_getter(lua_State *L) { return accessor(L, l_get); }
+static int l_setter(lua_State *L) { return accessor(L, l_set); }
+
 /* number of live entries of a frame (tests and benchmarks) */
 static int l_frame_size(lua_State *L) {
   lua_Integer n = 0;
@@ -216,6 +260,9 @@ const luaL_Reg ah_frame_funcs[] = {
   {"enter", l_enter},
   {"swap", l_swap},
   {"current_frame", l_current_frame},
+  {"empty_frame", l_empty_frame},
+  {"getter", l_getter},
+  {"setter", l_setter},
   {"newtoken", l_newtoken},
   {"frame_size", l_frame_size},
   {NULL, NULL}

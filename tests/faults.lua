@@ -4,7 +4,7 @@
 -- the loop that uv.run later reads: reproduced without async_hooks), so the
 -- luv part makes its handles in setup and leak checking runs without it.
 local with_luv = os.getenv("AH_FAULTS_LUV") ~= "0"
-local uv, ah, v, hook, timer, timer2
+local uv, ah, core, v, hook, timer, timer2
 local T = {}
 
 local function noop() end
@@ -13,8 +13,9 @@ local fakeuv = { run = noop }
 function T.setup()
   uv = with_luv and require("luv") or fakeuv
   ah = require("async_hooks").install()
+  core = require("async_hooks.core")
   if with_luv then
-    ah.core.luv_flags(1 + 4) -- a memory error in a callback must not exit
+    core.luv_flags(1 + 4) -- a memory error in a callback must not exit
     timer, timer2 = uv.new_timer(), uv.new_timer()
   end
   v = ah.AsyncLocal.new { default = "d" }
@@ -57,9 +58,9 @@ end
 function T.check()
   hook:disable()
   uv.run() -- let anything pending finish
-  local st = ah.core.stats()
+  local st = core.stats()
   assert(st.active == 0, "active " .. st.active .. " dispatching " .. st.dispatching .. " queued " .. st.queued_destroys)
-  assert(ah.core.stats().dispatching == 0, "dispatching")
+  assert(core.stats().dispatching == 0, "dispatching")
   local w = ah.AsyncLocal.new()
   assert(w:run(42, function() return w:get() end) == 42)
   assert(w:get() == nil)

@@ -1,0 +1,651 @@
+--- The public API of `async_hooks`, over a backend.
+--
+-- Every class, argument check and error message of the library lives here,
+-- once; the runtime-specific work is done by a *backend*
+-- (`async_hooks.backend.lua54` over the C core, `async_hooks.backend.ngx`
+-- in OpenResty).  `require("async_hooks")` picks the backend and calls this
+-- module's function with it.  Written in Lua 5.1 syntax: it loads in Lua 5.4
+-- and in LuaJIT.
+--
+-- The backend interface (`B` below; frames, tokens and guards are opaque):
+--
+--    B.name                    "lua54" or "ngx"
+--    B.persist                 a table that survives re-`require` in the same
+--                              state; the api keeps the module in B.persist.module
+--    B.newtoken()              a fresh token; an AsyncLocal/AsyncLocalStorage
+--                              object keeps its token at obj[1], its default
+--                              at obj.default
+--    B.getter(method, class)   the get function (v:get(), als:getStore()); it
+--                              checks self and raises "calling '<method>' on bad
+--                              self (<class> expected, got <type>)" at the
+--                              caller's line
+--    B.setter(method, class)   the same for set / enterWith
+--    B.run_with(obj, value, fn, ...)
+--                              fn(...) with obj's value set; the whole context
+--                              restored on return and on error (error value
+--                              unchanged); obj and fn already checked; called
+--                              as a tail call
+--    B.current_frame(), B.empty_frame()
+--    B.run_in_frame(frame, fn, ...)
+--                              fn(...) in that frame, restored after (as run_with)
+--    B.executionAsyncId(), B.triggerAsyncId(), B.executionAsyncResource()
+--    B.new_ids([trigger])      id, trigger of a new resource (trigger an integer
+--                              >= -1, already checked; nil: the current id)
+--    B.emit_init(id, type, trigger, resource), B.emit_destroy(id)
+--    B.gc_token(id), B.gc_token_cancel(tok)
+--                              destroy(id) when the token is collected / never
+--    B.hook_count(kind)        enabled hook functions of kind "init", "before",
+--                              "after" or "destroy"
+--    B.hook_enable(h), B.hook_disable(h)
+--                              h has fields init/before/after/destroy (each nil
+--                              or callable: a function or a table/userdata with
+--                              __call); idempotent; return nothing
+--    B.run_in_scope(id, trigger, resource, frame, fn, ...)
+--                              runInAsyncScope: before/after, ids, resource,
+--                              frame; restored on return and error
+--    B.coroutine               the drop-in coroutine library
+--    B.install_options         set of accepted install{} keys ({luv = true})
+--    B.install(opts)           opts nil or a table with accepted keys only;
+--                              checks everything else before it patches
+--                              anything; returns nil when done, or a string
+--                              saying why opts were refused (nothing patched),
+--                              which the api raises as "bad argument #1 to
+--                              'install' (<string>)" at the user's line
+--    B.uninstall(), B.installed()
+--    B.luv_covered             (optional) sorted names of wrapped luv functions
+--
+-- Errors raised here carry the position of the user's call: checks are
+-- written in the public function itself (`error(msg, 2)`), helpers only
+-- build messages.
+-- @module async_hooks.api
+local type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget =
+  type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget
+local dgetmetatable = debug.getmetatable
+local floor, concat, sort = math.floor, table.concat, table.sort
+local tointeger = math.tointeger or function(x) -- LuaJIT: exact integers of a double
+  if x == floor(x) and x >= -2 ^ 53 and x <= 2 ^ 53 then return x end
+  return nil
+end
+
+local VERSION = "scm-1"
+
+return function(B)
+  if B.persist.module then return B.persist.module end
+
+  local newtoken, current_frame, empty_frame = B.newtoken, B.current_frame, B.empty_frame
+  local run_with, run_in_frame, run_in_scope = B.run_with, B.run_in_frame, B.run_in_scope
+  local new_ids, emit_init, emit_destroy = B.new_ids, B.emit_init, B.emit_destroy
+  local gc_token, gc_token_cancel, hook_count = B.gc_token, B.gc_token_cancel, B.hook_count
+
+  ---@class async_hooks
+  local M = { _VERSION = VERSION }
+
+  -- classes and the module itself, by the name used in messages (a class
+  -- given where an object or options were expected: `X:new()` for `X.new()`)
+  local CLASSES = { [M] = "the async_hooks module" }
+
+  ---------------------------------------------------------------------------
+  -- checks (message builders; the caller raises with level 2)
+  ---------------------------------------------------------------------------
+
+  --- A function, or a table or userdata whose metatable has `__call` (the C
+  -- core's definition).
+  local function callable(f)
+    local t = type(f)
+    if t == "function" then return true end
+    if t ~= "table" and t ~= "userdata" then return false end
+    local mt = dgetmetatable(f)
+    return mt ~= nil and rawget(mt, "__call") ~= nil
+  end
+
+  local function typename(v)
+    local c = CLASSES[v]
+    if c then return c .. " (call with '.', not ':')" end
+    local mt = dgetmetatable(v)
+    if type(mt) == "table" and type(rawget(mt, "__name")) == "string" then return mt.__name end
+    return type(v)
+  end
+
+  local function badarg(n, fname, expected, got)
+    return ("bad argument #%d to '%s' (%s expected, got %s)"):format(n, fname, expected, typename(got))
+  end
+
+  local function badself(fname, class, got)
+    return ("calling '%s' on bad self (%s expected, got %s)"):format(fname, class, typename(got))
+  end
+
+  local function keyname(k)
+    if type(k) == "string" then return "'" .. k .. "'" end
+    return tostring(k)
+  end
+
+  --- A set of option keys with its message form.
+  local function keys(list)
+    local set = { [0] = concat(list, ", ") }
+    for _, k in ipairs(list) do set[k] = true end
+    return set
+  end
+
+  --- nil when opts (a table) has only accepted keys, else the message.
+  local function unknown_key(opts, accepted, n, fname)
+    for k in pairs(opts) do
+      if type(k) ~= "string" or not accepted[k] then
+        return ("bad argument #%d to '%s' (unknown option %s; accepted: %s)"):format(
+          n, fname, keyname(k), accepted[0])
+      end
+    end
+  end
+
+  --- nil when opts is nil or a table of accepted keys, else the message.
+  local function check_opts(opts, accepted, n, fname)
+    if opts == nil then return nil end
+    if type(opts) ~= "table" or CLASSES[opts] then return badarg(n, fname, "table or nil", opts) end
+    return unknown_key(opts, accepted, n, fname)
+  end
+
+  --- nil when opts.name is nil or a string, else the message.
+  local function check_name(opts, fname)
+    local name = opts and opts.name
+    if name ~= nil and type(name) ~= "string" then
+      return ("bad argument #1 to '%s' (opts.name must be a string, got %s)"):format(fname, typename(name))
+    end
+  end
+
+  ---------------------------------------------------------------------------
+  -- AsyncLocal and AsyncLocalStorage
+  ---------------------------------------------------------------------------
+
+  --- A context value (TC39 `AsyncContext.Variable`, Python `ContextVar`).
+  -- @type AsyncLocal
+
+  ---@class AsyncLocal
+  ---@field name string the name given to `new` (`""` when none)
+  ---@field default any the value `get` returns where none was set
+  local AsyncLocal = { __name = "AsyncLocal" }
+  AsyncLocal.__index = AsyncLocal
+  CLASSES[AsyncLocal] = "class AsyncLocal"
+
+  --- Node's `AsyncLocalStorage` on the same machinery.
+  -- @type AsyncLocalStorage
+
+  ---@class AsyncLocalStorage
+  ---@field name string the name given to `new` (`""` when none)
+  ---@field defaultValue any the store `getStore` returns where none was set
+  local AsyncLocalStorage = { __name = "AsyncLocalStorage" }
+  AsyncLocalStorage.__index = AsyncLocalStorage
+  CLASSES[AsyncLocalStorage] = "class AsyncLocalStorage"
+
+  -- either class: they share run/disable and the C token layout
+  local LOCALS = { [AsyncLocal] = true, [AsyncLocalStorage] = true }
+
+  local function make_run(class)
+    return function(self, value, fn, ...)
+      if not LOCALS[getmetatable(self)] then error(badself("run", class, self), 2) end
+      if type(fn) ~= "function" and not callable(fn) then error(badarg(2, "run", "function", fn), 2) end
+      return run_with(self, value, fn, ...)
+    end
+  end
+
+  local function make_disable(class)
+    return function(self)
+      if not LOCALS[getmetatable(self)] then error(badself("disable", class, self), 2) end
+      self[1] = newtoken()
+    end
+  end
+
+  local AL_KEYS = keys { "name", "default" }
+  local get, set = B.getter("get", "AsyncLocal"), B.setter("set", "AsyncLocal")
+
+  --- Create a context value.
+  -- @tparam[opt] table opts `{name = string, default = any}`
+  -- @treturn AsyncLocal with fields `name` (`""` when not given) and `default`
+  ---@param opts {name: string?, default: any}|nil
+  ---@return AsyncLocal
+  ---@overload fun(): AsyncLocal
+  function AsyncLocal.new(opts)
+    local msg = check_opts(opts, AL_KEYS, 1, "new") or check_name(opts, "new")
+    if msg then error(msg, 2) end
+    local v = setmetatable({ newtoken(), name = opts and opts.name or "", default = opts and opts.default }, AsyncLocal)
+    v.get = get -- hot method as an own field: one table lookup less per call
+    return v
+  end
+
+  --- The value in the current context, else `default`.  An explicit nil
+  -- stored by `set(nil)`/`run(nil, ...)` shadows the default.
+  -- @function AsyncLocal:get
+  ---@type fun(self: AsyncLocal): any
+  AsyncLocal.get = get
+
+  --- Set the value for the rest of the current execution context (the
+  -- current coroutine, callback or main chunk) and everything created from
+  -- it later.
+  -- @function AsyncLocal:set
+  -- @param value any value, nil included
+  ---@type fun(self: AsyncLocal, value: any)
+  AsyncLocal.set = set
+
+  --- Call `fn(...)` with the value set; restore the whole context afterwards,
+  -- also when `fn` raises (same error value).  Returns all of `fn`'s results.
+  -- May yield inside a coroutine.
+  -- @function AsyncLocal:run
+  -- @param value the value
+  -- @tparam function fn a function or callable
+  -- @param ... arguments of `fn`
+  -- @return the results of `fn`
+  ---@type fun(self: AsyncLocal, value: any, fn: function, ...: any): ...
+  AsyncLocal.run = make_run("AsyncLocal")
+
+  --- Forget every value stored for this variable, in every context: `get()`
+  -- returns the default everywhere and the values become collectable.  A
+  -- later `set`/`run` works again.
+  -- @function AsyncLocal:disable
+  ---@type fun(self: AsyncLocal)
+  AsyncLocal.disable = make_disable("AsyncLocal")
+
+  M.AsyncLocal = AsyncLocal
+
+  local ALS_KEYS = keys { "name", "defaultValue" }
+  local get_store = B.getter("getStore", "AsyncLocalStorage")
+
+  --- Create a storage.
+  -- @tparam[opt] table opts `{name = string, defaultValue = any}`
+  -- @treturn AsyncLocalStorage
+  ---@param opts {name: string?, defaultValue: any}|nil
+  ---@return AsyncLocalStorage
+  ---@overload fun(): AsyncLocalStorage
+  function AsyncLocalStorage.new(opts)
+    local msg = check_opts(opts, ALS_KEYS, 1, "new") or check_name(opts, "new")
+    if msg then error(msg, 2) end
+    local dv = opts and opts.defaultValue
+    local v = setmetatable({ newtoken(), name = opts and opts.name or "", default = dv, defaultValue = dv },
+      AsyncLocalStorage)
+    v.getStore = get_store
+    return v
+  end
+
+  --- The current store, else `defaultValue`.
+  -- @function AsyncLocalStorage:getStore
+  ---@type fun(self: AsyncLocalStorage): any
+  AsyncLocalStorage.getStore = get_store
+
+  --- Run `fn(...)` with `store` as the store; restores on return and error.
+  -- @function AsyncLocalStorage:run
+  -- @param store the store
+  -- @tparam function fn a function or callable
+  -- @param ... arguments of `fn`
+  -- @return the results of `fn`
+  ---@type fun(self: AsyncLocalStorage, store: any, fn: function, ...: any): ...
+  AsyncLocalStorage.run = make_run("AsyncLocalStorage")
+
+  --- Set the store for the rest of the current execution context.
+  -- @function AsyncLocalStorage:enterWith
+  -- @param store the store
+  ---@type fun(self: AsyncLocalStorage, store: any)
+  AsyncLocalStorage.enterWith = B.setter("enterWith", "AsyncLocalStorage")
+
+  --- Run `fn(...)` with an explicit nil store (not the default).
+  -- @tparam function fn a function or callable
+  -- @param ... arguments of `fn`
+  -- @return the results of `fn`
+  ---@param fn function
+  ---@return ...
+  function AsyncLocalStorage:exit(fn, ...)
+    if not LOCALS[getmetatable(self)] then error(badself("exit", "AsyncLocalStorage", self), 2) end
+    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "exit", "function", fn), 2) end
+    return run_with(self, nil, fn, ...)
+  end
+
+  --- Forget every store (see `AsyncLocal:disable`).
+  -- @function AsyncLocalStorage:disable
+  ---@type fun(self: AsyncLocalStorage)
+  AsyncLocalStorage.disable = make_disable("AsyncLocalStorage")
+
+  --- `fn` will run in the context current now.
+  -- @tparam function fn a function or callable
+  -- @treturn function
+  ---@param fn function
+  ---@return function
+  function AsyncLocalStorage.bind(fn)
+    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "bind", "function", fn), 2) end
+    local frame = current_frame()
+    return function(...) return run_in_frame(frame, fn, ...) end
+  end
+
+  --- A function `(fn, ...)` that runs `fn(...)` in the context current now.
+  -- @treturn function
+  ---@return fun(fn: function, ...: any): ...
+  function AsyncLocalStorage.snapshot()
+    local frame = current_frame()
+    return function(fn, ...)
+      if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "snapshot", "function", fn), 2) end
+      return run_in_frame(frame, fn, ...)
+    end
+  end
+
+  M.AsyncLocalStorage = AsyncLocalStorage
+
+  ---------------------------------------------------------------------------
+  -- Snapshot (TC39's face)
+  ---------------------------------------------------------------------------
+
+  --- A captured context (TC39 `AsyncContext.Snapshot`).
+  -- @type Snapshot
+
+  ---@class Snapshot
+  local Snapshot = { __name = "Snapshot" }
+  Snapshot.__index = Snapshot
+  CLASSES[Snapshot] = "class Snapshot"
+
+  --- Capture the current context.
+  -- @treturn Snapshot
+  ---@return Snapshot
+  function Snapshot.new()
+    return setmetatable({ frame = current_frame() }, Snapshot)
+  end
+
+  --- The empty context: every value at its default.  For work that must
+  -- not inherit the current request (a pooled connection's reader).
+  -- @treturn Snapshot
+  ---@return Snapshot
+  function Snapshot.empty()
+    return setmetatable({ frame = empty_frame() }, Snapshot)
+  end
+
+  --- Run `fn(...)` in the captured context.  Values not in the snapshot
+  -- (including of `AsyncLocal`s made later) read as their defaults.
+  -- Restores on return and error.
+  -- @tparam function fn a function or callable
+  -- @param ... arguments of `fn`
+  -- @return the results of `fn`
+  ---@param fn function
+  ---@return ...
+  function Snapshot:run(fn, ...)
+    if getmetatable(self) ~= Snapshot then error(badself("run", "Snapshot", self), 2) end
+    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "run", "function", fn), 2) end
+    return run_in_frame(self.frame, fn, ...)
+  end
+
+  --- A function that runs `fn` in the context current now.
+  -- @tparam function fn a function or callable
+  -- @treturn function
+  ---@param fn function
+  ---@return function
+  function Snapshot.wrap(fn)
+    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "wrap", "function", fn), 2) end
+    local frame = current_frame()
+    return function(...) return run_in_frame(frame, fn, ...) end
+  end
+
+  M.Snapshot = Snapshot
+
+  ---------------------------------------------------------------------------
+  -- ids and hooks
+  ---------------------------------------------------------------------------
+
+  --- The asyncId of what is running now (1 at top level).
+  -- @function executionAsyncId
+  -- @treturn integer
+  ---@type fun(): integer
+  M.executionAsyncId = B.executionAsyncId
+
+  --- The asyncId of what created what is running now (0 at top level).
+  -- @function triggerAsyncId
+  -- @treturn integer
+  ---@type fun(): integer
+  M.triggerAsyncId = B.triggerAsyncId
+
+  --- The resource of what is running now: a coroutine's `{thread = co}`, an
+  -- `AsyncResource`, a luv callback's `{handle = h, op = name, ...}`; one
+  -- fixed table at top level.
+  -- @function executionAsyncResource
+  -- @treturn table
+  ---@type fun(): table
+  M.executionAsyncResource = B.executionAsyncResource
+
+  --- A set of hook callbacks, made by `createHook`.
+  -- @type AsyncHook
+
+  ---@class AsyncHook
+  ---@field init fun(asyncId: integer, type: string, triggerAsyncId: integer, resource: table)|nil
+  ---@field before fun(asyncId: integer)|nil
+  ---@field after fun(asyncId: integer)|nil
+  ---@field destroy fun(asyncId: integer)|nil
+  local Hook = { __name = "AsyncHook" }
+  Hook.__index = Hook
+  CLASSES[Hook] = "class AsyncHook"
+  local KINDS = { "init", "before", "after", "destroy" }
+  local HOOK_KEYS = keys(KINDS)
+
+  --- Enable the hook (idempotent).
+  -- @treturn AsyncHook the hook
+  ---@return AsyncHook
+  function Hook:enable()
+    if getmetatable(self) ~= Hook then error(badself("enable", "AsyncHook", self), 2) end
+    B.hook_enable(self)
+    return self
+  end
+
+  --- Disable the hook (idempotent).
+  -- @treturn AsyncHook the hook
+  ---@return AsyncHook
+  function Hook:disable()
+    if getmetatable(self) ~= Hook then error(badself("disable", "AsyncHook", self), 2) end
+    B.hook_disable(self)
+    return self
+  end
+
+  --- Create a (disabled) hook.
+  -- @within ids and hooks
+  -- @tparam table callbacks any subset of `{init, before, after, destroy}`,
+  --   each a function or callable
+  -- @treturn AsyncHook with `enable()` and `disable()`
+  ---@param callbacks {init: function?, before: function?, after: function?, destroy: function?}
+  ---@return AsyncHook
+  function M.createHook(callbacks)
+    if type(callbacks) ~= "table" or CLASSES[callbacks] then error(badarg(1, "createHook", "table", callbacks), 2) end
+    local msg = unknown_key(callbacks, HOOK_KEYS, 1, "createHook")
+    if msg then error(msg, 2) end
+    local h = setmetatable({}, Hook)
+    for _, k in ipairs(KINDS) do
+      local f = callbacks[k]
+      if f ~= nil then
+        if not callable(f) then
+          error(("bad argument #1 to 'createHook' (hook.%s must be a function, got %s)"):format(k, typename(f)), 2)
+        end
+        h[k] = f
+      end
+    end
+    return h
+  end
+
+  ---------------------------------------------------------------------------
+  -- AsyncResource
+  ---------------------------------------------------------------------------
+
+  --- A user-defined async resource (Node's `AsyncResource`).
+  -- @type AsyncResource
+
+  ---@class AsyncResource
+  local AsyncResource = { __name = "AsyncResource" }
+  AsyncResource.__index = AsyncResource
+  CLASSES[AsyncResource] = "class AsyncResource"
+  local AR_KEYS = keys { "triggerAsyncId", "requireManualDestroy" }
+
+  local function make_resource(type_, trigger, manual)
+    local id, trig = new_ids(trigger)
+    local self = setmetatable({ _id = id, _trigger = trig, _frame = current_frame() }, AsyncResource)
+    if not manual and hook_count("destroy") > 0 then self._gctok = gc_token(id) end
+    emit_init(id, type_, trig, self)
+    return self
+  end
+
+  --- nil, trigger, manual; or the message
+  local function check_resource_opts(opts)
+    local trigger, manual
+    if type(opts) == "number" then
+      trigger = opts
+    elseif type(opts) == "table" and not CLASSES[opts] then
+      local msg = unknown_key(opts, AR_KEYS, 2, "new")
+      if msg then return msg end
+      trigger, manual = opts.triggerAsyncId, opts.requireManualDestroy
+      if manual ~= nil and type(manual) ~= "boolean" then
+        return "bad argument #2 to 'new' (requireManualDestroy must be a boolean, got " .. typename(manual) .. ")"
+      end
+    elseif opts ~= nil then
+      return badarg(2, "new", "number, table or nil", opts)
+    end
+    if trigger ~= nil then
+      local t = type(trigger) == "number" and tointeger(trigger)
+      if not t or t < -1 then
+        return "bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got " ..
+          (type(trigger) == "number" and tostring(trigger) or typename(trigger)) .. ")"
+      end
+      trigger = t
+    end
+    return nil, trigger, manual
+  end
+
+  --- Create a resource; emits `init` with the resource itself.
+  -- @tparam string type non-empty
+  -- @param[opt] opts a triggerAsyncId, or `{triggerAsyncId = integer >= -1,
+  --   requireManualDestroy = boolean}`
+  -- @treturn AsyncResource
+  ---@param type string
+  ---@param opts integer|{triggerAsyncId: integer?, requireManualDestroy: boolean?}|nil
+  ---@return AsyncResource
+  ---@overload fun(type: string): AsyncResource
+  function AsyncResource.new(type_, opts)
+    if type(type_) ~= "string" or type_ == "" then error(badarg(1, "new", "non-empty string", type_), 2) end
+    local msg, trigger, manual = check_resource_opts(opts)
+    if msg then error(msg, 2) end
+    return make_resource(type_, trigger, manual)
+  end
+
+  --- Run `fn(...)` in the resource's context: `before`/`after` around it,
+  -- `executionAsyncId()` the resource's, `executionAsyncResource()` the
+  -- resource, the frame captured at `new`.  May yield inside a coroutine.
+  -- Restores on return and error.
+  -- @tparam function fn a function or callable
+  -- @param ... arguments of `fn`
+  -- @return the results of `fn`
+  ---@param fn function
+  ---@return ...
+  function AsyncResource:runInAsyncScope(fn, ...)
+    if getmetatable(self) ~= AsyncResource then error(badself("runInAsyncScope", "AsyncResource", self), 2) end
+    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "runInAsyncScope", "function", fn), 2) end
+    return run_in_scope(self._id, self._trigger, self, self._frame, fn, ...)
+  end
+
+  --- Emit `destroy` (once).
+  -- @treturn AsyncResource the resource
+  ---@return AsyncResource
+  function AsyncResource:emitDestroy()
+    if getmetatable(self) ~= AsyncResource then error(badself("emitDestroy", "AsyncResource", self), 2) end
+    if not self._destroyed then
+      self._destroyed = true
+      if self._gctok then gc_token_cancel(self._gctok) end
+      emit_destroy(self._id)
+    end
+    return self
+  end
+
+  --- The resource's asyncId.
+  -- @treturn integer
+  ---@return integer
+  function AsyncResource:asyncId()
+    if getmetatable(self) ~= AsyncResource then error(badself("asyncId", "AsyncResource", self), 2) end
+    return self._id
+  end
+
+  --- The resource's triggerAsyncId.
+  -- @treturn integer
+  ---@return integer
+  function AsyncResource:triggerAsyncId()
+    if getmetatable(self) ~= AsyncResource then error(badself("triggerAsyncId", "AsyncResource", self), 2) end
+    return self._trigger
+  end
+
+  --- `resource:bind(fn)` returns a function running `fn` in this resource's
+  -- scope; `AsyncResource.bind(fn[, type])` makes a new resource for it.
+  -- @param a the resource (method form) or `fn`
+  -- @param b `fn` (method form) or the type (default `"bound-anonymous-fn"`)
+  -- @treturn function
+  ---@param fn function
+  ---@return function
+  ---@overload fun(fn: function, type: string?): function
+  function AsyncResource.bind(a, b)
+    local self, fn
+    if getmetatable(a) == AsyncResource then
+      if type(b) ~= "function" and not callable(b) then error(badarg(1, "bind", "function", b), 2) end
+      self, fn = a, b
+    else
+      if type(a) ~= "function" and not callable(a) then error(badarg(1, "bind", "function", a), 2) end
+      if b ~= nil and (type(b) ~= "string" or b == "") then error(badarg(2, "bind", "non-empty string or nil", b), 2) end
+      self, fn = make_resource(b or "bound-anonymous-fn"), a
+    end
+    local id, trig, frame = self._id, self._trigger, self._frame
+    return function(...) return run_in_scope(id, trig, self, frame, fn, ...) end
+  end
+
+  M.AsyncResource = AsyncResource
+
+  ---------------------------------------------------------------------------
+  -- coroutine library and installation
+  ---------------------------------------------------------------------------
+
+  --- Drop-in `coroutine` library with propagation, for code that does not
+  -- want global patching.
+  -- @table coroutine
+  ---@type coroutinelib
+  M.coroutine = B.coroutine
+
+  local INSTALL_KEYS
+  do
+    local list = {}
+    for k in pairs(B.install_options) do list[#list + 1] = k end
+    sort(list)
+    INSTALL_KEYS = keys(list)
+  end
+
+  --- Patch the global `coroutine` library (and luv, when loaded or given as
+  -- `opts.luv`).  Idempotent.  Checks everything before it patches anything.
+  -- @tparam[opt] table opts `{luv = module}`
+  -- @return the module
+  ---@param opts {luv: table?}|nil
+  ---@return async_hooks
+  function M.install(opts)
+    local msg = check_opts(opts, INSTALL_KEYS, 1, "install")
+    if msg then error(msg, 2) end
+    local why = B.install(opts)
+    if why then error("bad argument #1 to 'install' (" .. why .. ")", 2) end
+    return M
+  end
+
+  --- Restore every patched function (the original values) and the host's
+  -- `package.preload.luv`.  Runs no user code.
+  -- @return the module
+  ---@return async_hooks
+  function M.uninstall()
+    B.uninstall()
+    return M
+  end
+
+  --- Whether `install()` is in effect.
+  -- @treturn boolean
+  ---@return boolean
+  function M.installed()
+    return B.installed()
+  end
+
+  --- The luv functions whose callbacks are wrapped (sorted names; Lua 5.4).
+  -- @table luv_covered
+  ---@type string[]|nil
+  M.luv_covered = B.luv_covered
+
+  --- The backend in use: `"lua54"` or `"ngx"`.
+  ---@type string
+  M.backend = B.name
+
+  B.persist.module = M
+  return M
+end

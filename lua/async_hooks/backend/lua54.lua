@@ -1,0 +1,191 @@
+--- The Lua 5.4 backend: the C core `async_hooks.core` behind the interface
+-- that `async_hooks.api` documents at its top.
+--
+-- Scopes are to-be-closed variables holding a value whose `__close` (in C)
+-- restores the previous context, so they restore on return, on error (the
+-- error value untouched, no pcall) and when a coroutine is closed, and they
+-- span yields.  Not meant to be required directly: `require("async_hooks")`.
+-- @module async_hooks.backend.lua54
+local core = require("async_hooks.core")
+local luvmod = require("async_hooks.luv")
+
+-- One backend per Lua state: busted (and others) may re-run this file.
+local persist = core.persist()
+if persist.backend then return persist.backend end
+
+local type, rawget, pairs, ipairs, setmetatable, getmetatable, select =
+  type, rawget, pairs, ipairs, setmetatable, getmetatable, select
+local enter, swap, enter_scope = core.enter, core.swap, core.enter_scope
+local hook_counts = core.hook_counts
+local stdco = coroutine
+local coro = core.coro
+
+local B = { name = "lua54", persist = persist }
+
+B.newtoken = core.newtoken
+B.getter = core.getter
+B.setter = core.setter
+B.current_frame = core.current_frame
+B.empty_frame = core.empty_frame
+B.executionAsyncId = core.executionAsyncId
+B.triggerAsyncId = core.triggerAsyncId
+B.executionAsyncResource = core.executionAsyncResource
+B.new_ids = core.new_ids
+B.emit_init = core.emit_init
+B.emit_destroy = core.emit_destroy
+B.gc_token = core.gc_token
+B.gc_token_cancel = core.gc_token_cancel
+
+function B.run_with(obj, value, fn, ...)
+  local prev <close> = enter(obj, value, fn)
+  return fn(...)
+end
+
+function B.run_in_frame(frame, fn, ...)
+  local prev <close> = swap(frame)
+  return fn(...)
+end
+
+function B.run_in_scope(id, trigger, resource, frame, fn, ...)
+  local g <close> = enter_scope(id, trigger, resource, frame)
+  return fn(...)
+end
+
+local KIND = { init = 1, before = 2, after = 3, destroy = 4 }
+
+function B.hook_count(kind)
+  return (select(KIND[kind], hook_counts()))
+end
+
+-- The core calls hook fields that are functions; a callable table is
+-- handed over wrapped in one.  hook -> the table the core knows.
+local inner = setmetatable({}, { __mode = "k" })
+
+local function core_hook(h)
+  local t = inner[h]
+  if not t then
+    t = {}
+    for kind in pairs(KIND) do
+      local f = h[kind]
+      if type(f) == "function" then
+        t[kind] = f
+      elseif f ~= nil then
+        t[kind] = function(...) return f(...) end
+      end
+    end
+    inner[h] = t
+  end
+  return t
+end
+
+function B.hook_enable(h) core.hook_enable(core_hook(h)) end
+
+function B.hook_disable(h)
+  local t = inner[h]
+  if t then core.hook_disable(t) end
+end
+
+--- The drop-in `coroutine` library.
+B.coroutine = {
+  create = coro.create, wrap = coro.wrap, resume = coro.resume, close = coro.close,
+  yield = stdco.yield, status = stdco.status, running = stdco.running,
+  isyieldable = stdco.isyieldable,
+}
+
+B.luv_covered = luvmod.covered
+B.install_options = { luv = true }
+
+-- what attach() and the preload path use of a luv module
+local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
+
+local function typename(v)
+  local mt = getmetatable(v)
+  if type(mt) == "table" and type(rawget(mt, "__name")) == "string" then return mt.__name end
+  return type(v)
+end
+
+-- nil when uv looks like luv, else the reason
+local function not_luv(uv, where)
+  if type(uv) ~= "table" then
+    return ("luv module in %s expected, got %s"):format(where, typename(uv))
+  end
+  for _, k in ipairs(LUV_FUNCS) do
+    if type(uv[k]) ~= "function" then
+      return ("luv module in %s expected, got a table without '%s'"):format(where, k)
+    end
+  end
+end
+
+local PATCHED = { "create", "wrap", "resume", "close" }
+
+-- package.preload.luv while luv is not loaded yet: runs the host's loader
+-- (or the other searchers), then integrates what it returns
+local function make_preload(host)
+  local function preload(name, ...)
+    package.preload.luv = host
+    persist.preload, persist.host_preload = nil, nil
+    local mod
+    if host ~= nil then
+      mod = host(name, ...)
+    else
+      for i = 2, #package.searchers do
+        local loader, extra = package.searchers[i](name)
+        if type(loader) == "function" then
+          mod = loader(name, extra)
+          break
+        end
+      end
+      if mod == nil then error("module '" .. name .. "' not found", 2) end
+    end
+    if persist.coroutine and not not_luv(mod, "package.preload.luv") then luvmod.attach(mod, persist) end
+    return mod
+  end
+  return preload
+end
+
+--- Patch `coroutine` (and luv).  `opts` was type- and key-checked by the
+-- api.  Everything is checked before anything is patched.
+-- @return nil, or the reason the options were refused (nothing patched)
+function B.install(opts)
+  local uv, where = opts and opts.luv, "opts.luv"
+  if uv == nil then uv, where = package.loaded.luv, "package.loaded.luv" end
+  if uv ~= nil then
+    local why = not_luv(uv, where)
+    if why then return why end
+  end
+  if uv ~= nil then
+    luvmod.attach(uv, persist)
+  elseif not persist.preload then
+    -- luv required later: integrate it as it loads
+    local host = package.preload.luv
+    persist.host_preload = host
+    persist.preload = make_preload(host)
+    package.preload.luv = persist.preload
+  end
+  if not persist.coroutine then
+    local saved = {}
+    for _, k in ipairs(PATCHED) do saved[k] = stdco[k]; stdco[k] = coro[k] end
+    persist.coroutine = saved
+  end
+end
+
+--- Restore every patched function and the host's `package.preload.luv`.
+function B.uninstall()
+  local saved = persist.coroutine
+  if saved then
+    for k, f in pairs(saved) do stdco[k] = f end
+    persist.coroutine = nil
+  end
+  if persist.preload and package.preload.luv == persist.preload then
+    package.preload.luv = persist.host_preload
+  end
+  persist.preload, persist.host_preload = nil, nil
+  luvmod.detach(persist)
+end
+
+function B.installed()
+  return persist.coroutine ~= nil
+end
+
+persist.backend = B
+return B
