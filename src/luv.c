@@ -69,6 +69,7 @@ enum {
   LV_ENTER = 1, /* protected enter closure (the slow path) */
   LV_LEAVE,     /* protected leave closure */
   LV_FLUSH,     /* protected destroy flush */
+  LV_EMIT,      /* protected emit(kind, id) */
   LV_F, LV_R, LV_AUX, LV_EMPTY, /* shared values, for the inline path */
   LV_CUR,       /* the record lv->cur points to (anchor, and to push it) */
   LV_MAP,       /* handle -> record | {slot -> record} (weak keys) */
@@ -644,6 +645,19 @@ static int protected(lua_State *L, int lvi, int uv, int n, int nres) {
   return 0;
 }
 
+/* a hook event from the inline path: a hook that fails, or no memory to
+** call the hooks, ends the process (as any hook error does) */
+static void emit(lua_State *L, int lvi, int kind, lua_Integer id) {
+  lua_pushinteger(L, kind);
+  lua_pushinteger(L, id);
+  if (!protected(L, lvi, LV_EMIT, 2, 0)) {
+    fprintf(stderr, "async_hooks: error in %s hook (fatal): not enough memory\n",
+            kind == AH_BEFORE ? "before" : "after");
+    fflush(stderr);
+    exit(1);
+  }
+}
+
 /* the value at idx is not F[s] (F at Fi) */
 static int frame_differs(lua_State *L, int Fi, int s, int idx) {
   const void *p;
@@ -698,6 +712,7 @@ static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lv->cur = r;
     lua_pushvalue(L, base);
     lua_setiuservalue(L, lvi, LV_CUR);
+    if (st->nhooks[AH_BEFORE]) emit(L, lvi, AH_BEFORE, id);
   } else {
     lv->cur = NULL;
   }
@@ -708,7 +723,7 @@ static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lua_setiuservalue(L, lvi, LV_CUR);
   }
   lv->cur = NULL;
-  if (st->nhooks[AH_AFTER] || st->cb_n != depth + (r != NULL)) {
+  if (st->cb_n != depth + (r != NULL)) { /* an error unwound records */
     lua_pushvalue(L, pri);
     lua_pushvalue(L, pfi);
     lua_pushinteger(L, pid);
@@ -718,6 +733,7 @@ static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
     if (protected(L, lvi, LV_LEAVE, 6, 0)) goto done;
     while (st->cb_n > depth) { cb_pop(st); st->active--; } /* no memory */
   } else if (r) {
+    if (st->nhooks[AH_AFTER]) emit(L, lvi, AH_AFTER, id);
     cb_pop(st);
     st->active--;
   }
@@ -816,6 +832,11 @@ static int luv_leave(lua_State *L) {
   ah_set_frame(L, s, 2);
   st->active--;
   ah_flush_maybe(L, st);
+  return 0;
+}
+
+static int luv_emit(lua_State *L) {
+  ah_emit_id(L, ah_st(L), (int)lua_tointeger(L, 1), lua_tointeger(L, 2));
   return 0;
 }
 
@@ -918,7 +939,7 @@ static int ah_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   }
   if (known && L == st->mainL && lua_checkstack(L, 24) &&
-      !(r && (st->nhooks[AH_BEFORE] || (!(r->flags & REC_RES) && st->res_on))) &&
+      !(r && !(r->flags & REC_RES) && st->res_on) &&
       (!r || cb_push(st, r->id)))
     return dispatch_inline(L, lv, st, (int)s, r, nargs, nresults, flags);
   return dispatch_slow(L, lv, nargs, nresults, flags);
@@ -951,6 +972,8 @@ static ah_luv *luv_state(lua_State *L) {
   lua_setiuservalue(L, i, LV_LEAVE);
   push_closure(L, luv_flush, 0);
   lua_setiuservalue(L, i, LV_FLUSH);
+  push_closure(L, luv_emit, 0);
+  lua_setiuservalue(L, i, LV_EMIT);
   lua_pushvalue(L, AH_UV_F);
   lua_setiuservalue(L, i, LV_F);
   lua_pushvalue(L, AH_UV_R);
