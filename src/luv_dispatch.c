@@ -1,0 +1,507 @@
+/*
+** luv_dispatch.c - every luv callback runs in its own context.
+**
+** luv calls every Lua callback through ctx->cb_pcall; the library's
+** replacement (ah_luv_cb_pcall) runs each one in its context: a record's
+** (see luv.c), or the root context (asyncId 0, empty frame) for a callback
+** nobody tracked, and restores the caller's context afterwards, also when
+** the callback raised (luv's own handler has printed the error, with its
+** traceback, by then).  Three paths:
+**  - root: a plain callback arriving while the thread's context is empty
+**    (uv.run at top level): only the ids are switched, no Lua call;
+**  - inline (the main thread, where luv runs callbacks): the record's frame
+**    and resource are switched in C, luv calls the user's function itself
+**    (no extra frame in tracebacks) and nothing allocates once the context
+**    is switched; hook events go through one protected call each;
+**  - slow: anything else (other threads, a resource made lazily), through
+**    protected enter/leave closures that do their allocations first.
+** A record's __call does the same when luv calls it without our cb_pcall in
+** front (after uninstall()).
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "luv.h"
+
+/* ------------------------------------------------------------------- */
+/* native stack of entered records                                      */
+
+static int cb_push(ah_state *st, lua_Integer id) {
+  if (st->cb_n == st->cb_cap) {
+    size_t ncap = st->cb_cap * 2;
+    lua_Integer *n;
+    if (st->cb == st->cb_inline) {
+      n = malloc(ncap * sizeof *n);
+      if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
+    } else {
+      n = realloc(st->cb, ncap * sizeof *n);
+    }
+    if (!n) return 0;
+    st->cb = n;
+    st->cb_cap = ncap;
+  }
+  st->cb[st->cb_n++] = id;
+  return 1;
+}
+
+static void cb_pop(ah_state *st) {
+  st->cb_n--;
+  if (st->cb != st->cb_inline && st->cb_n <= AH_CB_INLINE / 2) {
+    memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
+    free(st->cb);
+    st->cb = st->cb_inline;
+    st->cb_cap = AH_CB_INLINE;
+  }
+}
+
+/* `after` for every record entered above depth (an error unwound them) */
+static void cb_unwind(lua_State *L, ah_state *st, size_t depth) {
+  while (st->cb_n > depth) {
+    ah_emit_id(L, st, AH_AFTER, st->cb[st->cb_n - 1]);
+    cb_pop(st);
+    st->active--;
+  }
+}
+
+/* ------------------------------------------------------------------- */
+/* records                                                               */
+
+/* The record as a function, for the luv functions that accept nothing
+** else (new_async, new_work): a closure with the record as last upvalue. */
+int ah_luv_rec_fn(lua_State *L) {
+  lua_pushvalue(L, RF_REC);
+  lua_insert(L, 1);
+  return ah_luv_rec_call(L);
+}
+
+/* the record at idx, or NULL (a cheap test: its metatable); a record
+** closure at idx is replaced by its record */
+ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
+  const void *mt;
+  int t = lua_type(L, idx);
+  idx = lua_absindex(L, idx);
+  if (t == LUA_TFUNCTION && lua_tocfunction(L, idx) == ah_luv_rec_fn) {
+    lua_getupvalue(L, idx, AH_NUP + 1);
+    lua_replace(L, idx);
+  } else if (t != LUA_TUSERDATA) {
+    return NULL;
+  }
+  if (!lua_getmetatable(L, idx)) return NULL;
+  mt = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  return mt == lv->rec_mt ? (ah_rec *)lua_touserdata(L, idx) : NULL;
+}
+
+/* push a new resource table for the record being made: {handle = h} */
+void ah_luv_new_resource(lua_State *L, int handle_idx) {
+  lua_createtable(L, 0, 2);
+  if (handle_idx) {
+    lua_pushvalue(L, handle_idx);
+    lua_setfield(L, -2, "handle");
+  }
+}
+
+/* the record at idx gets its resource now (executionAsyncResource() was
+** called after it was registered); allocates */
+void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
+  idx = lua_absindex(L, idx);
+  lua_getiuservalue(L, idx, RV_RES); /* the handle, or nil */
+  ah_luv_new_resource(L, lua_isnil(L, -1) ? 0 : lua_gettop(L));
+  lua_setiuservalue(L, idx, RV_RES);
+  lua_pop(L, 1);
+  r->flags |= REC_RES;
+}
+
+/* push the record's resource, or nil */
+void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
+  if (r->flags & REC_RES)
+    lua_getiuservalue(L, idx, RV_RES);
+  else
+    lua_pushnil(L);
+}
+
+/* ------------------------------------------------------------------- */
+/* the record's __call (luv calls it without our cb_pcall in front)      */
+
+/* enter the record's context, call its callback with luv's arguments,
+** restore; called protected so that the context is restored on error */
+int ah_luv_rec_call(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_rec *r = (ah_rec *)lua_touserdata(L, 1);
+  int n = lua_gettop(L), s = ah_slot_of(L, st), i, status;
+  lua_Integer id = r->id, pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  int oneshot = r->flags & REC_ONESHOT;
+  luaL_checkstack(L, n + 24, "async_hooks");
+  if (!(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
+  ah_reserve(L, s);
+  lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
+  lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
+  ah_luv_push_resource(L, r, 1); /* n+3 */
+  lua_getiuservalue(L, 1, RV_FRAME); /* n+4 */
+  if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+  st->slots[s].id = id;
+  st->slots[s].trigger = r->trigger;
+  ah_set_resource(L, s, n + 3);
+  ah_set_frame(L, s, n + 4);
+  st->active++;
+  ah_emit_id(L, st, AH_BEFORE, id);
+  lua_getiuservalue(L, 1, RV_CB);
+  for (i = 2; i <= n; i++) lua_pushvalue(L, i);
+  status = lua_pcall(L, n - 1, 0, 0);
+  cb_unwind(L, st, st->cb_n - 1);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  ah_set_resource(L, s, n + 1);
+  ah_set_frame(L, s, n + 2);
+  if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
+  if (status != LUA_OK) return lua_error(L); /* the error object is on top */
+  return 0;
+}
+
+/* ------------------------------------------------------------------- */
+/* the cb_pcall replacement                                              */
+
+/* Switch the main thread's frame (at fi) and resource (at ri, 0: none);
+** F at Fi, R and AUX from the ah_luv at lvi.  The main thread's anchors
+** are aux slots and its F/R keys exist from the start (see stack.c), so
+** this never allocates. */
+static void main_switch(lua_State *L, ah_state *st, int s, int lvi, int Fi,
+                        int fi, int ri) {
+  ah_slot *sl = &st->slots[s];
+  int res = ri && lua_toboolean(L, ri), had_res = sl->anchored & A_RES;
+  lua_getiuservalue(L, lvi, LV_AUX);
+  if (lua_topointer(L, fi) != st->empty) {
+    lua_pushvalue(L, fi);
+    lua_rawseti(L, -2, AUX_MAINFRAME);
+    sl->anchored |= A_FRAME | K_FRAME;
+  } else if (sl->anchored & A_FRAME) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, AUX_MAINFRAME);
+    sl->anchored &= ~A_FRAME;
+  }
+  if (res || had_res) {
+    if (res) lua_pushvalue(L, ri); else lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, AUX_MAINRES);
+    if (res) sl->anchored |= A_RES | K_RES; else sl->anchored &= ~A_RES;
+    lua_getiuservalue(L, lvi, LV_R);
+    if (res) lua_pushvalue(L, ri); else lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, s);
+    lua_pop(L, 1);
+  }
+  lua_pushvalue(L, fi);
+  lua_rawseti(L, Fi, s);
+  lua_pop(L, 1);
+}
+
+/* call the closure in user value uv of the ah_luv at lvi with the n values
+** on top; 0 if it could not run (out of memory) */
+static int protected(lua_State *L, int lvi, int uv, int n, int nres) {
+  lua_getiuservalue(L, lvi, uv);
+  lua_insert(L, -1 - n);
+  if (lua_pcall(L, n, nres, 0) == LUA_OK) return 1;
+  lua_pop(L, 1);
+  return 0;
+}
+
+/* a hook event from the inline path: a hook that fails, or no memory to
+** call the hooks, ends the process (as any hook error does) */
+static void emit(lua_State *L, int lvi, int kind, lua_Integer id) {
+  lua_pushinteger(L, kind);
+  lua_pushinteger(L, id);
+  if (!protected(L, lvi, LV_EMIT, 2, 0)) {
+    fprintf(stderr, "async_hooks: error in %s hook (fatal): not enough memory\n",
+            kind == AH_BEFORE ? "before" : "after");
+    fflush(stderr);
+    exit(1);
+  }
+}
+
+/* the value at idx is not F[s] (F at Fi) */
+static int frame_differs(lua_State *L, int Fi, int s, int idx) {
+  const void *p;
+  lua_rawgeti(L, Fi, s);
+  p = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  return p != lua_topointer(L, idx);
+}
+
+/* Inline dispatch on the main thread: no Lua call unless a hook must be
+** emitted or destroys are due.  The stack is [X args lv] with X the
+** record r (or a plain callback when r is NULL); while the callback runs
+** it is [X lv F prev_frame prev_res fn args]. */
+enum { D_LV = 1, D_F, D_PFRAME, D_PRES, D_NSAVED = D_PRES };
+static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                           ah_rec *r, int nargs, int nresults, int flags) {
+  int base = lua_gettop(L) - nargs - 1, ret, top;
+  int lvi = base + D_LV, Fi = base + D_F, pfi = base + D_PFRAME, pri = base + D_PRES;
+  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  lua_Integer id = r ? r->id : 0;
+  size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
+  int oneshot = r && (r->flags & REC_ONESHOT);
+  int pres = st->slots[s].anchored & A_RES, res = r && (r->flags & REC_RES);
+  /* [X args lv] -> [X lv F pframe pres fn args] */
+  lua_getiuservalue(L, -1, LV_F);
+  lua_rawgeti(L, -1, s);
+  if (pres) {
+    lua_getiuservalue(L, -3, LV_R);
+    lua_rawgeti(L, -1, s);
+    lua_replace(L, -2);
+  } else {
+    lua_pushboolean(L, 0);
+  }
+  if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
+  lua_rotate(L, base + 1, D_NSAVED + 1);
+  /* switch (nothing below allocates) */
+  if (r) {
+    lua_getiuservalue(L, base, RV_FRAME);
+    if (res) lua_getiuservalue(L, base, RV_RES);
+    st->slots[s].trigger = r->trigger;
+  } else {
+    lua_getiuservalue(L, lvi, LV_EMPTY);
+    st->slots[s].trigger = 0;
+  }
+  st->slots[s].id = id;
+  top = lua_gettop(L);
+  if (res || pres || lua_topointer(L, top - res) != lua_topointer(L, pfi))
+    main_switch(L, st, s, lvi, Fi, top - res, res ? top : 0);
+  lua_settop(L, base + D_NSAVED + nargs + 1);
+  st->active += r ? 2 : 1; /* the callback, and its entry in st->cb */
+  if (r && st->nhooks[AH_BEFORE]) emit(L, lvi, AH_BEFORE, id);
+  ret = lv->orig(L, nargs, nresults, flags);
+  /* leave */
+  if (st->cb_n != depth + (r != NULL)) { /* an error unwound records */
+    lua_pushvalue(L, pri);
+    lua_pushvalue(L, pfi);
+    lua_pushinteger(L, pid);
+    lua_pushinteger(L, ptrig);
+    lua_pushinteger(L, (lua_Integer)depth);
+    lua_pushvalue(L, base);
+    if (protected(L, lvi, LV_LEAVE, 6, 0)) goto done;
+    while (st->cb_n > depth) { cb_pop(st); st->active--; } /* no memory */
+  } else if (r) {
+    if (st->nhooks[AH_AFTER]) emit(L, lvi, AH_AFTER, id);
+    cb_pop(st);
+    st->active--;
+  }
+  if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  if (pres || (st->slots[s].anchored & A_RES) || frame_differs(L, Fi, s, pfi))
+    main_switch(L, st, s, lvi, Fi, pfi, pres ? pri : 0);
+  st->active--;
+  if (st->dq_n && !st->active && !st->dispatching)
+    protected(L, lvi, LV_FLUSH, 0, 0);
+done:
+  if (nresults == 0) {
+    lua_settop(L, base - 1);
+  } else { /* [X lv F pframe pres results] -> [results] */
+    lua_rotate(L, base, -(D_NSAVED + 1));
+    lua_pop(L, D_NSAVED + 1);
+  }
+  return ret;
+}
+
+/* The slow path's enter(X): save the current thread's context and enter
+** the callback's: the record's (its before is emitted here), or else the
+** root context.  Returns previous resource, frame, id, trigger, depth of
+** st->cb, and the function luv must call.  Everything that can fail comes
+** first: nothing has changed if it does. */
+#define E_LV lua_upvalueindex(AH_NUP + 1)
+static int luv_enter(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_rec *r = ah_luv_record(L, lv, 1);
+  int s = ah_slot_of(L, st);
+  luaL_checkstack(L, 24, "async_hooks");
+  lua_settop(L, 1);
+  ah_reserve(L, s);
+  if (r && !(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
+  lua_rawgeti(L, AH_UV_R, s);
+  lua_rawgeti(L, AH_UV_F, s);
+  lua_pushinteger(L, st->slots[s].id);
+  lua_pushinteger(L, st->slots[s].trigger);
+  lua_pushinteger(L, (lua_Integer)st->cb_n);
+  if (r) {
+    ah_luv_push_resource(L, r, 1);        /* 7 */
+    lua_getiuservalue(L, 1, RV_FRAME); /* 8 */
+    lua_getiuservalue(L, 1, RV_CB);    /* 9 */
+    if (!cb_push(st, r->id)) return luaL_error(L, "not enough memory");
+    /* switch (hook errors end the process) */
+    st->active += 2;
+    st->slots[s].id = r->id;
+    st->slots[s].trigger = r->trigger;
+    ah_set_resource(L, s, 7);
+    ah_set_frame(L, s, 8);
+    lua_replace(L, 7);
+    lua_settop(L, 7);
+    ah_emit_id(L, st, AH_BEFORE, r->id);
+  } else {
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 0);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    st->active++;
+    st->slots[s].id = 0;
+    st->slots[s].trigger = 0;
+    ah_set_resource(L, s, -2);
+    ah_set_frame(L, s, -1);
+    lua_pop(L, 2);
+  }
+  return 6;
+}
+
+/* leave(res, frame, id, trigger, depth, X): `after` for the callback's
+** record and any that an error unwound, its destroy when one-shot,
+** restore, flush.  Allocates nothing (hook errors end the process). */
+static int luv_leave(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_rec *r = ah_luv_record(L, lv, 6);
+  int s;
+  cb_unwind(L, st, (size_t)lua_tointeger(L, 5));
+  if (r && (r->flags & REC_ONESHOT) && st->nhooks[AH_DESTROY])
+    ah_queue_destroy(st, r->id);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = lua_tointeger(L, 3);
+  st->slots[s].trigger = lua_tointeger(L, 4);
+  ah_set_resource(L, s, 1);
+  if (lua_isnil(L, 2)) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    lua_replace(L, 2);
+  }
+  ah_set_frame(L, s, 2);
+  st->active--;
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+static int luv_emit(lua_State *L) {
+  ah_emit_id(L, ah_st(L), (int)lua_tointeger(L, 1), lua_tointeger(L, 2));
+  return 0;
+}
+
+static int luv_flush(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+#define NSAVED 7 /* lv res frame id trigger depth X */
+
+/* Anything the inline path does not do: through the enter/leave closures,
+** called protected.  Stack: [X args lv]. */
+static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
+                         int flags) {
+  int base = lua_gettop(L) - nargs - 1, ret, top;
+  if (!lua_checkstack(L, 12)) { /* no memory: run it bare */
+    lua_pop(L, 1);
+    return lv->orig(L, nargs, nresults, flags);
+  }
+  lua_getiuservalue(L, -1, LV_ENTER);
+  lua_pushvalue(L, base);
+  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory, nothing entered */
+    lua_settop(L, base + nargs);         /* luv calls the record, */
+    return lv->orig(L, nargs, nresults, flags); /* whose __call copes */
+  }
+  /* [X args lv res frame id trig depth fn] -> [fn args lv ... depth X] */
+  lua_pushvalue(L, base);
+  lua_copy(L, -2, base);
+  lua_remove(L, -2);
+  lua_rotate(L, base, NSAVED); /* [lv res frame id trig depth X fn args] */
+  ret = lv->orig(L, nargs, nresults, flags);
+  top = lua_gettop(L);
+  lua_getiuservalue(L, base, LV_LEAVE);
+  for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
+  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
+  lua_settop(L, top - NSAVED);
+  return ret;
+}
+
+/* The common untracked case: a plain callback arriving while the thread's
+** context is empty (uv.run at top level).  Only the ids are switched. */
+static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                         int nargs, int nresults, int flags) {
+  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  size_t depth = st->cb_n;
+  int ret;
+  (void)lv;
+  st->slots[s].id = st->slots[s].trigger = 0;
+  st->active++;
+  ret = lv->orig(L, nargs, nresults, flags);
+  if (!(st->slots[s].anchored & (A_FRAME | A_RES)) && st->cb_n == depth &&
+      !(st->dq_n && st->active == 1 && !st->dispatching)) {
+    st->fast_callbacks++;
+    st->slots[s].id = pid;
+    st->slots[s].trigger = ptrig;
+    st->active--;
+    return ret;
+  }
+  /* the callback set a value, or an error unwound records, or destroys
+  ** are due: the full leave() */
+  if (!lua_checkstack(L, 10)) { /* no memory: restore what C can */
+    while (st->cb_n > depth) { cb_pop(st); st->active--; }
+    st->slots[s].id = pid;
+    st->slots[s].trigger = ptrig;
+    st->active--;
+    return ret;
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lua_getiuservalue(L, -1, LV_LEAVE);
+  lua_remove(L, -2);
+  lua_pushnil(L);
+  lua_pushnil(L); /* the empty frame */
+  lua_pushinteger(L, pid);
+  lua_pushinteger(L, ptrig);
+  lua_pushinteger(L, (lua_Integer)depth);
+  lua_pushnil(L);
+  if (lua_pcall(L, 6, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  return ret;
+}
+
+/* Every luv callback comes through here (see the top of the file). */
+int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  ah_luv *lv;
+  ah_state *st;
+  ah_rec *r;
+  uintptr_t s;
+  int base = lua_gettop(L) - nargs, known;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  st = lv->st;
+  flags |= lv->flags;
+  s = ah_extra(L);
+  known = s < (uintptr_t)st->cap && st->slots[s].L == L;
+  r = ah_luv_record(L, lv, base);
+  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES))) {
+    lua_pop(L, 1);
+    return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
+  }
+  if (known && L == st->mainL && lua_checkstack(L, 24) &&
+      !(r && !(r->flags & REC_RES) && st->res_on) &&
+      (!r || cb_push(st, r->id)))
+    return dispatch_inline(L, lv, st, (int)s, r, nargs, nresults, flags);
+  return dispatch_slow(L, lv, nargs, nresults, flags);
+}
+
+
+/* the protected closures of the ah_luv at lvi (made with the shared
+** upvalues of the calling core function) */
+static void push_closure(lua_State *L, lua_CFunction f, int lvi) {
+  ah_push_shared(L);
+  if (lvi) lua_pushvalue(L, lvi);
+  lua_pushcclosure(L, f, AH_NUP + (lvi != 0));
+}
+
+void ah_luv_closures(lua_State *L, int lvi) {
+  push_closure(L, luv_enter, lvi);
+  lua_setiuservalue(L, lvi, LV_ENTER);
+  push_closure(L, luv_leave, lvi);
+  lua_setiuservalue(L, lvi, LV_LEAVE);
+  push_closure(L, luv_flush, 0);
+  lua_setiuservalue(L, lvi, LV_FLUSH);
+  push_closure(L, luv_emit, 0);
+  lua_setiuservalue(L, lvi, LV_EMIT);
+}
