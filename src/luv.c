@@ -174,6 +174,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
                           int pos, int s, int handle_idx) {
   ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N);
   int rec = lua_gettop(L);
+  r->lv = (const ah_luv *)lua_touserdata(L, W_LV);
   r->id = 0;
   r->trigger = st->slots[s].id;
   r->spec = sp;
@@ -349,6 +350,22 @@ static int l_luv_wrap(lua_State *L) {
 }
 
 
+/* luv_wrap_run(run) -> the library's uv.run (see luv_dispatch.c) */
+static int l_luv_wrap_run(lua_State *L) {
+  lua_CFunction f = lua_tocfunction(L, 1);
+  ah_luv *lv;
+  luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
+                   "C function without upvalues");
+  lua_settop(L, 1);
+  lv = luv_state(L); /* 2 */
+  lv->run = f;
+  ah_push_shared(L);
+  lua_pushvalue(L, 2);
+  lua_pushlightuserdata(L, (void *)&ah_luv_key);
+  lua_pushcclosure(L, ah_luv_run, AH_NUP + 2);
+  return 1;
+}
+
 /* ------------------------------------------------------------------- */
 /* set-up                                                                */
 
@@ -365,21 +382,12 @@ static ah_luv *luv_state(lua_State *L) {
   lv->st = ah_st(L);
   i = lua_gettop(L);
   ah_luv_closures(L, i);
-  lua_pushvalue(L, AH_UV_F);
-  lua_setiuservalue(L, i, LV_F);
-  lua_pushvalue(L, AH_UV_R);
-  lua_setiuservalue(L, i, LV_R);
-  lua_pushvalue(L, AH_UV_AUX);
-  lua_setiuservalue(L, i, LV_AUX);
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  lua_setiuservalue(L, i, LV_EMPTY);
   lua_createtable(L, 0, 2); /* records' metatable */
   lua_pushliteral(L, "async_hooks.luv_callback");
   lua_setfield(L, -2, "__name");
   ah_push_shared(L);
   lua_pushcclosure(L, ah_luv_rec_call, AH_NUP);
   lua_setfield(L, -2, "__call");
-  lv->rec_mt = lua_topointer(L, -1);
   lua_setiuservalue(L, i, LV_RECMT);
   lua_newtable(L);
   lua_setiuservalue(L, i, LV_SPECS);
@@ -434,6 +442,7 @@ static int l_luv_attached(lua_State *L) {
 
 const luaL_Reg ah_luv_funcs[] = {
   {"luv_wrap", l_luv_wrap},
+  {"luv_wrap_run", l_luv_wrap_run},
   {"luv_attach", l_luv_attach},
   {"luv_detach", l_luv_detach},
   {"luv_attached", l_luv_attached},

@@ -20,7 +20,7 @@ typedef struct ah_luv {
   ah_luv_ctx *ctx;    /* NULL until attached */
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
-  const void *rec_mt; /* metatable of records */
+  lua_CFunction run;  /* luv's uv.run */
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 
@@ -31,8 +31,6 @@ enum {
   LV_ENTER = 1, /* protected enter closure (the slow path) */
   LV_LEAVE,     /* protected leave closure */
   LV_FLUSH,     /* protected destroy flush */
-  LV_EMIT,      /* protected emit(kind, id) */
-  LV_F, LV_R, LV_AUX, LV_EMPTY, /* shared values, for the inline path */
   LV_RECMT,     /* metatable of records */
   LV_SPECS,     /* spec -> spec (keeps specs alive) */
   LV_NUV = LV_SPECS
@@ -56,6 +54,7 @@ enum { SP_OP = 1, SP_TYPE, SP_NUV = SP_TYPE };
 /* A registration.  User values: the callback, the frame, the resource
 ** table (REC_RES set) or else the handle (or nil). */
 typedef struct ah_rec {
+  const struct ah_luv *lv; /* marks a record of this state */
   lua_Integer id, trigger;
   const ah_spec *spec;
   unsigned char flags;
@@ -74,6 +73,7 @@ enum {
 int ah_luv_rec_fn(lua_State *L);
 int ah_luv_rec_call(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
+int ah_luv_run(lua_State *L);
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);
 void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);

@@ -75,10 +75,11 @@ int ah_luv_rec_fn(lua_State *L) {
   return ah_luv_rec_call(L);
 }
 
-/* the record at idx, or NULL (a cheap test: its metatable); a record
-** closure at idx is replaced by its record */
+/* the record at idx, or NULL (a userdata of a record's size whose first
+** field is this state's ah_luv); a record closure at idx is replaced by its
+** record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
-  const void *mt;
+  ah_rec *r;
   int t = lua_type(L, idx);
   idx = lua_absindex(L, idx);
   if (t == LUA_TFUNCTION && lua_tocfunction(L, idx) == ah_luv_rec_fn) {
@@ -87,10 +88,9 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   } else if (t != LUA_TUSERDATA) {
     return NULL;
   }
-  if (!lua_getmetatable(L, idx)) return NULL;
-  mt = lua_topointer(L, -1);
-  lua_pop(L, 1);
-  return mt == lv->rec_mt ? (ah_rec *)lua_touserdata(L, idx) : NULL;
+  if (lua_rawlen(L, idx) != sizeof(ah_rec)) return NULL;
+  r = (ah_rec *)lua_touserdata(L, idx);
+  return r->lv == lv ? r : NULL;
 }
 
 /* push a new resource table for the record being made: {handle = h} */
@@ -164,140 +164,66 @@ int ah_luv_rec_call(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* the cb_pcall replacement                                              */
 
-/* Switch the main thread's frame (at fi) and resource (at ri, 0: none);
-** F at Fi, R and AUX from the ah_luv at lvi.  The main thread's anchors
-** are aux slots and its F/R keys exist from the start (see stack.c), so
-** this never allocates. */
-static void main_switch(lua_State *L, ah_state *st, int s, int lvi, int Fi,
-                        int fi, int ri) {
-  ah_slot *sl = &st->slots[s];
-  int res = ri && lua_toboolean(L, ri), had_res = sl->anchored & A_RES;
-  lua_getiuservalue(L, lvi, LV_AUX);
-  if (lua_topointer(L, fi) != st->empty) {
-    lua_pushvalue(L, fi);
-    lua_rawseti(L, -2, AUX_MAINFRAME);
-    sl->anchored |= A_FRAME | K_FRAME;
-  } else if (sl->anchored & A_FRAME) {
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, AUX_MAINFRAME);
-    sl->anchored &= ~A_FRAME;
-  }
-  if (res || had_res) {
-    if (res) lua_pushvalue(L, ri); else lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, AUX_MAINRES);
-    if (res) sl->anchored |= A_RES | K_RES; else sl->anchored &= ~A_RES;
-    lua_getiuservalue(L, lvi, LV_R);
-    if (res) lua_pushvalue(L, ri); else lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, s);
-    lua_pop(L, 1);
-  }
-  lua_pushvalue(L, fi);
-  lua_rawseti(L, Fi, s);
-  lua_pop(L, 1);
-}
-
-/* call the closure in user value uv of the ah_luv at lvi with the n values
-** on top; 0 if it could not run (out of memory) */
-static int protected(lua_State *L, int lvi, int uv, int n, int nres) {
-  lua_getiuservalue(L, lvi, uv);
-  lua_insert(L, -1 - n);
-  if (lua_pcall(L, n, nres, 0) == LUA_OK) return 1;
-  lua_pop(L, 1);
-  return 0;
-}
-
-/* a hook event from the inline path: a hook that fails, or no memory to
-** call the hooks, ends the process (as any hook error does) */
-static void emit(lua_State *L, int lvi, int kind, lua_Integer id) {
-  lua_pushinteger(L, kind);
-  lua_pushinteger(L, id);
-  if (!protected(L, lvi, LV_EMIT, 2, 0)) {
-    fprintf(stderr, "async_hooks: error in %s hook (fatal): not enough memory\n",
-            kind == AH_BEFORE ? "before" : "after");
-    fflush(stderr);
-    exit(1);
-  }
-}
-
-/* the value at idx is not F[s] (F at Fi) */
-static int frame_differs(lua_State *L, int Fi, int s, int idx) {
-  const void *p;
-  lua_rawgeti(L, Fi, s);
-  p = lua_topointer(L, -1);
-  lua_pop(L, 1);
-  return p != lua_topointer(L, idx);
-}
-
-/* Inline dispatch on the main thread: no Lua call unless a hook must be
-** emitted or destroys are due.  The stack is [X args lv] with X the
-** record r (or a plain callback when r is NULL); while the callback runs
-** it is [X lv F prev_frame prev_res fn args]. */
-enum { D_LV = 1, D_F, D_PFRAME, D_PRES, D_NSAVED = D_PRES };
-static int dispatch_inline(lua_State *L, ah_luv *lv, ah_state *st, int s,
-                           ah_rec *r, int nargs, int nresults, int flags) {
-  int base = lua_gettop(L) - nargs - 1, ret, top;
-  int lvi = base + D_LV, Fi = base + D_F, pfi = base + D_PFRAME, pri = base + D_PRES;
+/* The loop runs inside the library's wrapper of uv.run (see luv.c), a core
+** closure: this C code can use the core's own functions.  Switches the
+** callback's context, lets luv call the user's function itself, restores.
+** The caller checked that nothing below allocates (stack reserved, the
+** thread's anchor keys exist, the record's resource made, r's entry in
+** st->cb pushed).  Stack: [X args], while the callback runs
+** [X prev_res prev_frame fn args]. */
+enum { D_PRES = 1, D_PFRAME, D_NSAVED = D_PFRAME };
+static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                        ah_rec *r, int nargs, int nresults, int flags) {
+  int base = lua_gettop(L) - nargs, ret;
+  int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
-  int pres = st->slots[s].anchored & A_RES, res = r && (r->flags & REC_RES);
-  /* [X args lv] -> [X lv F pframe pres fn args] */
-  lua_getiuservalue(L, -1, LV_F);
-  lua_rawgeti(L, -1, s);
-  if (pres) {
-    lua_getiuservalue(L, -3, LV_R);
-    lua_rawgeti(L, -1, s);
-    lua_replace(L, -2);
-  } else {
-    lua_pushboolean(L, 0);
-  }
+  lua_rawgeti(L, AH_UV_R, s);
+  lua_rawgeti(L, AH_UV_F, s);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   lua_rotate(L, base + 1, D_NSAVED + 1);
-  /* switch (nothing below allocates) */
+  /* switch (hook errors end the process) */
+  st->slots[s].id = id;
+  st->slots[s].trigger = r ? r->trigger : 0;
   if (r) {
     lua_getiuservalue(L, base, RV_FRAME);
-    if (res) lua_getiuservalue(L, base, RV_RES);
-    st->slots[s].trigger = r->trigger;
+    if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, -1);
+    if (r->flags & REC_RES) lua_getiuservalue(L, base, RV_RES); else lua_pushboolean(L, 0);
+    if ((r->flags & REC_RES) || (had & A_RES)) ah_set_resource(L, s, -1);
+    lua_pop(L, 2);
+    st->active += 2; /* the callback, and its entry in st->cb */
+    ah_emit_id(L, st, AH_BEFORE, id);
   } else {
-    lua_getiuservalue(L, lvi, LV_EMPTY);
-    st->slots[s].trigger = 0;
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    lua_pushboolean(L, 0);
+    if (had & A_FRAME) ah_set_frame(L, s, -2);
+    if (had & A_RES) ah_set_resource(L, s, -1);
+    lua_pop(L, 2);
+    st->active++;
   }
-  st->slots[s].id = id;
-  top = lua_gettop(L);
-  if (res || pres || lua_topointer(L, top - res) != lua_topointer(L, pfi))
-    main_switch(L, st, s, lvi, Fi, top - res, res ? top : 0);
-  lua_settop(L, base + D_NSAVED + nargs + 1);
-  st->active += r ? 2 : 1; /* the callback, and its entry in st->cb */
-  if (r && st->nhooks[AH_BEFORE]) emit(L, lvi, AH_BEFORE, id);
   ret = lv->orig(L, nargs, nresults, flags);
-  /* leave */
-  if (st->cb_n != depth + (r != NULL)) { /* an error unwound records */
-    lua_pushvalue(L, pri);
-    lua_pushvalue(L, pfi);
-    lua_pushinteger(L, pid);
-    lua_pushinteger(L, ptrig);
-    lua_pushinteger(L, (lua_Integer)depth);
-    lua_pushvalue(L, base);
-    if (protected(L, lvi, LV_LEAVE, 6, 0)) goto done;
-    while (st->cb_n > depth) { cb_pop(st); st->active--; } /* no memory */
+  /* leave: after (also for the records an error unwound), restore */
+  if (st->cb_n != depth + (r != NULL)) {
+    cb_unwind(L, st, depth);
   } else if (r) {
-    if (st->nhooks[AH_AFTER]) emit(L, lvi, AH_AFTER, id);
+    ah_emit_id(L, st, AH_AFTER, id);
     cb_pop(st);
     st->active--;
   }
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
-  if (pres || (st->slots[s].anchored & A_RES) || frame_differs(L, Fi, s, pfi))
-    main_switch(L, st, s, lvi, Fi, pfi, pres ? pri : 0);
+  if ((had | st->slots[s].anchored) & A_RES) ah_set_resource(L, s, pres);
+  lua_rawgeti(L, AH_UV_F, s);
+  if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
+  lua_pop(L, 1);
   st->active--;
-  if (st->dq_n && !st->active && !st->dispatching)
-    protected(L, lvi, LV_FLUSH, 0, 0);
-done:
+  ah_flush_maybe(L, st);
   if (nresults == 0) {
     lua_settop(L, base - 1);
-  } else { /* [X lv F pframe pres results] -> [results] */
+  } else { /* [X pres pframe results] -> [results] */
     lua_rotate(L, base, -(D_NSAVED + 1));
     lua_pop(L, D_NSAVED + 1);
   }
@@ -374,11 +300,6 @@ static int luv_leave(lua_State *L) {
   ah_set_frame(L, s, 2);
   st->active--;
   ah_flush_maybe(L, st);
-  return 0;
-}
-
-static int luv_emit(lua_State *L) {
-  ah_emit_id(L, ah_st(L), (int)lua_tointeger(L, 1), lua_tointeger(L, 2));
   return 0;
 }
 
@@ -462,30 +383,43 @@ static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
 }
 
 /* Every luv callback comes through here (see the top of the file). */
+#define RUN_LV lua_upvalueindex(AH_NUP + 1)
+#define RUN_MARK lua_upvalueindex(AH_NUP + 2)
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
   ah_state *st;
   ah_rec *r;
   uintptr_t s;
-  int base = lua_gettop(L) - nargs, known;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
+  int base = lua_gettop(L) - nargs, known, in_run;
+  in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
+  if (in_run) { /* inside the library's uv.run: its upvalues are ours */
+    lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  } else {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+    lv = (ah_luv *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+  }
   st = lv->st;
   flags |= lv->flags;
   s = ah_extra(L);
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
   r = ah_luv_record(L, lv, base);
-  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES))) {
-    lua_pop(L, 1);
+  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
-  }
-  if (known && L == st->mainL && lua_checkstack(L, 24) &&
-      !(r && !(r->flags & REC_RES) && st->res_on) &&
-      (!r || cb_push(st, r->id)))
-    return dispatch_inline(L, lv, st, (int)s, r, nargs, nresults, flags);
+  if (in_run && known && lua_checkstack(L, 32) &&
+      (st->slots[s].anchored & (K_FRAME | K_RES)) == (K_FRAME | K_RES) &&
+      !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
+    return dispatch_run(L, lv, st, (int)s, r, nargs, nresults, flags);
+  if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   return dispatch_slow(L, lv, nargs, nresults, flags);
 }
 
+/* the library's uv.run: luv's, called in this frame, so that callbacks
+** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones) */
+int ah_luv_run(lua_State *L) {
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  return lv->run(L);
+}
 
 /* the protected closures of the ah_luv at lvi (made with the shared
 ** upvalues of the calling core function) */
@@ -502,6 +436,4 @@ void ah_luv_closures(lua_State *L, int lvi) {
   lua_setiuservalue(L, lvi, LV_LEAVE);
   push_closure(L, luv_flush, 0);
   lua_setiuservalue(L, lvi, LV_FLUSH);
-  push_closure(L, luv_emit, 0);
-  lua_setiuservalue(L, lvi, LV_EMIT);
 }

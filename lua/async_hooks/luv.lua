@@ -114,6 +114,10 @@ function M.attach(uv, persist)
       wrappers[orig] = core.luv_wrap(orig, s[1], s[2], s[3], s[4], s[5], s.slot, s.fn)
     end
   end
+  -- uv.run itself: callbacks that run inside the library's uv.run find the
+  -- core's state in its upvalues (the fast path of src/luv_dispatch.c)
+  local run = rawget(uv, "run")
+  if type(run) == "function" then wrappers[run] = core.luv_wrap_run(run) end
   local function patch(tbl)
     for k, v in pairs(tbl) do
       local w = wrappers[v]
