@@ -185,6 +185,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   lua_pushvalue(L, pos);
   lua_setiuservalue(L, rec, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
+  r->frame = lua_topointer(L, -1);
   lua_setiuservalue(L, rec, RV_FRAME);
   if (st->nhooks[AH_INIT] || st->res_on || sp->kind == W_CREATE) {
     ah_luv_new_resource(L, handle_idx);
@@ -210,8 +211,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
   int res = st->nhooks[AH_INIT] || st->res_on;
   lua_Integer id, old;
-  luaL_checkstack(L, 8, "async_hooks");
-  lua_pushvalue(L, pos); /* n+2 */
+  lua_pushvalue(L, pos); /* n+2 (Lua guarantees LUA_MINSTACK free slots) */
   if (res) ah_luv_new_resource(L, 1); else lua_pushnil(L); /* n+3 */
   lua_pushvalue(L, n + 1);
   lua_replace(L, pos);
@@ -224,7 +224,12 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   lua_pushvalue(L, n + 2);
   lua_setiuservalue(L, pos, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
-  lua_setiuservalue(L, pos, RV_FRAME);
+  if (lua_topointer(L, -1) != r->frame) {
+    r->frame = lua_topointer(L, -1);
+    lua_setiuservalue(L, pos, RV_FRAME);
+  } else {
+    lua_pop(L, 1);
+  }
   if (res || (r->flags & REC_RES)) {
     lua_pushvalue(L, res ? n + 3 : 1);
     lua_setiuservalue(L, pos, RV_RES);
@@ -249,6 +254,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   if (keep) keep = slot_reserve(L, lv, 1, sp->slot);
   r = new_record(L, st, sp, pos, s, handle_idx); /* n+1 */
   if (sp->fn) {
+    ((ah_luv *)lua_touserdata(L, W_LV))->closures = 1;
     ah_push_shared(L);
     lua_pushvalue(L, n + 1);
     lua_pushcclosure(L, ah_luv_rec_fn, AH_NUP + 1);

@@ -21,6 +21,7 @@ typedef struct ah_luv {
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
+  int closures;       /* a record closure was made (ah_luv_rec_fn) */
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 
@@ -57,6 +58,7 @@ typedef struct ah_rec {
   const struct ah_luv *lv; /* marks a record of this state */
   lua_Integer id, trigger;
   const ah_spec *spec;
+  const void *frame; /* identity of the frame user value */
   unsigned char flags;
 } ah_rec;
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_N = RV_RES };

@@ -80,17 +80,14 @@ int ah_luv_rec_fn(lua_State *L) {
 ** record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   ah_rec *r;
-  int t = lua_type(L, idx);
-  idx = lua_absindex(L, idx);
-  if (t == LUA_TFUNCTION && lua_tocfunction(L, idx) == ah_luv_rec_fn) {
+  if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
+    if (!lv->closures || lua_tocfunction(L, idx) != ah_luv_rec_fn) return NULL;
+    idx = lua_absindex(L, idx);
     lua_getupvalue(L, idx, AH_NUP + 1);
     lua_replace(L, idx);
-  } else if (t != LUA_TUSERDATA) {
-    return NULL;
   }
-  if (lua_rawlen(L, idx) != sizeof(ah_rec)) return NULL;
-  r = (ah_rec *)lua_touserdata(L, idx);
-  return r->lv == lv ? r : NULL;
+  r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
+  return r && r->lv == lv ? r : NULL;
 }
 
 /* push a new resource table for the record being made: {handle = h} */
@@ -180,7 +177,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
-  lua_rawgeti(L, AH_UV_R, s);
+  if (had & A_RES) lua_rawgeti(L, AH_UV_R, s); else lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   lua_rotate(L, base + 1, D_NSAVED + 1);
@@ -188,13 +185,18 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   st->slots[s].id = id;
   st->slots[s].trigger = r ? r->trigger : 0;
   if (r) {
-    lua_getiuservalue(L, base, RV_FRAME);
-    if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, -1);
-    if (r->flags & REC_RES) lua_getiuservalue(L, base, RV_RES); else lua_pushboolean(L, 0);
-    if ((r->flags & REC_RES) || (had & A_RES)) ah_set_resource(L, s, -1);
-    lua_pop(L, 2);
+    if (r->frame != lua_topointer(L, pframe)) {
+      lua_getiuservalue(L, base, RV_FRAME);
+      ah_set_frame(L, s, -1);
+      lua_pop(L, 1);
+    }
+    if ((r->flags & REC_RES) || (had & A_RES)) {
+      if (r->flags & REC_RES) lua_getiuservalue(L, base, RV_RES); else lua_pushboolean(L, 0);
+      ah_set_resource(L, s, -1);
+      lua_pop(L, 1);
+    }
     st->active += 2; /* the callback, and its entry in st->cb */
-    ah_emit_id(L, st, AH_BEFORE, id);
+    if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
   } else {
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     lua_pushboolean(L, 0);
@@ -208,7 +210,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   if (st->cb_n != depth + (r != NULL)) {
     cb_unwind(L, st, depth);
   } else if (r) {
-    ah_emit_id(L, st, AH_AFTER, id);
+    if (st->nhooks[AH_AFTER]) ah_emit_id(L, st, AH_AFTER, id);
     cb_pop(st);
     st->active--;
   }
