@@ -5,14 +5,22 @@ BUSTED   ?= $(LUA) /usr/bin/busted
 ROCKSPEC := rockspec/async-hooks-scm-1.rockspec
 TREE     ?= $(CURDIR)/.tree
 ASANTREE ?= $(CURDIR)/.tree-asan
+DISTDIR  ?= $(CURDIR)/dist
+DISTTREE ?= $(CURDIR)/.tree-dist
 PATHS     = eval "$$($(LUAROCKS) --tree $(1) path)"
+# The project's own builds treat warnings as errors (-Wpedantic -Werror, see
+# CMakeLists.txt); a user's `luarocks make` does not.
+STRICT   := AH_STRICT=1
+# Lua 5.4 headers and library for the fault-injection harness
+LUA_CFLAGS = $(shell ./.ci/lua-flags --cflags)
+LUA_LIBS   = $(shell ./.ci/lua-flags --libs)
 SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_RT  := $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
 ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench clean deps
+.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint
 
 all: build
 
@@ -21,14 +29,19 @@ deps:
 
 build: deps
 	rm -rf build.luarocks
-	$(LUAROCKS) --tree $(TREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
+	$(STRICT) $(LUAROCKS) --tree $(TREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
 
 test: build
 	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
 
+# without the specs tagged #slow (soak: wrk; fault injection: gcc)
+.PHONY: test-fast
+test-fast: build
+	$(call PATHS,$(TREE)) && $(BUSTED) --run=fast $(BUSTED_ARGS)
+
 asanbuild: deps
 	rm -rf build.luarocks
-	$(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
+	$(STRICT) $(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \
 	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
 
 asan: asanbuild
@@ -51,7 +64,7 @@ soak: build
 # fault injection: every allocation of the workload fails once, in turn
 # (ASan + UBSan build of the module and of the harness)
 faults: asanbuild
-	gcc -std=c99 -Wall -Wextra -O1 -g $(SAN_FLAGS) -I/usr/include/lua5.4 tests/failalloc.c -o build.luarocks/failalloc -llua5.4 -lm
+	gcc -std=c99 -Wall -Wextra -O1 -g $(SAN_FLAGS) $(LUA_CFLAGS) tests/failalloc.c -o build.luarocks/failalloc $(LUA_LIBS) -lm
 	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=0 ASAN_OPTIONS=detect_leaks=1 \
 	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
 	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=1 ASAN_OPTIONS=detect_leaks=0 \
@@ -60,8 +73,39 @@ faults: asanbuild
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua
 
+# the issue-9 table (instructions, memory, HTTP), each row with its target
 bench: build
 	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
 
+# HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc
+# does not understand the LuaLS annotation lines (---@...): it reads a copy
+# without them.
+docs:
+	rm -rf build/docs build/docs-src
+	mkdir -p build/docs-src/async_hooks
+	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
+	ldoc -c config.ld . >/dev/null
+	@echo "build/docs/index.html"
+
+# luacheck (Debian's lua-check) with .luacheckrc
+lint:
+	luacheck lua spec bench examples
+
+# the instruction rows only (callgrind, about a minute)
+bench-instr: build
+	$(call PATHS,$(TREE)) && BENCH_INFO=$${BENCH_INFO:-0} $(LUA) bench/run.lua instr
+
 clean:
-	rm -rf build build.luarocks $(TREE) $(ASANTREE)
+	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)
+
+# a binary rock in dist/ that installs offline:
+#   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-scm-1.*.rock
+# (built into a fresh tree, then packed from it: LuaRocks 3.8's
+# `make --pack-binary-rock` gives CMake the default tree's paths)
+.PHONY: dist
+dist: deps
+	rm -rf build.luarocks $(DISTTREE) $(DISTDIR)
+	mkdir -p $(DISTDIR)
+	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
+	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks scm-1
+	rm -rf $(DISTTREE)

@@ -1,12 +1,22 @@
---- One measured case for bench/instructions.lua: lua5.4 bench/cg_case.lua <case> <variant> <n>
+--- One measured case for bench/instructions.lua:
+--   lua5.4 bench/cg_case.lua <case> <variant> <n>
+-- runs <case> n times under <variant>: "raw" (library loaded, not installed,
+-- raw coroutines and luv), "installed" (installed, nothing set), "value"
+-- (installed, an AsyncLocal set around the case) or "hooks" (installed, four
+-- empty hooks enabled, nothing set).  Only the public API is used.  Prints
+-- "CASE-OK <detail>" at the end; a case that did not carry the context it
+-- should have fails instead, so a broken fast path cannot pass as a fast one.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
 local case, variant, n = arg[1], arg[2], tonumber(arg[3])
-local uv = require("luv")
+local uv = require("luv") -- main thread, before the library
 local ah = require("async_hooks")
 local raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield }
-local lib = ah.coroutine
-local co = variant == "raw" and raw or lib
+local co = variant == "raw" and raw or ah.coroutine
 local v = ah.AsyncLocal.new()
+local VARIANTS = { raw = true, installed = true, value = true, hooks = true }
+assert(VARIANTS[variant], "unknown variant " .. tostring(variant))
+assert(n and n >= 1, "n must be a positive integer")
+
 local function with_value(f, ...)
   if variant == "value" then return v:run(1, f, ...) end
   return f(...)
@@ -16,43 +26,123 @@ if variant == "hooks" then
   ah.createHook { init = function() end, before = function() end,
     after = function() end, destroy = function() end }:enable()
 end
+-- what v:get() must return inside a callback or coroutine of the case
+local expected = variant == "value" and 1 or nil
 
 local cases = {}
-function cases.switch()
-  local c = co.create(function() local y = co.yield; while true do y() end end)
-  local resume = co.resume
-  for _ = 1, n do resume(c) end
-end
-function cases.lifecycle()
-  local create, resume, f = co.create, co.resume, function(x) return x end
-  for i = 1, n do resume(create(f), i) end
-end
-function cases.get()
-  v:set(1)
-  if variant == "raw" then
-    local t = { x = 1 }
-    for _ = 1, n do local _ = t.x end
-  else
-    for _ = 1, n do v:get() end
-  end
-end
-function cases.run()
-  local f = function() end
-  if variant == "raw" then
-    for i = 1, n do f(i) end
-  else
-    for i = 1, n do v:run(i, f) end
-  end
-end
-function cases.chain()
-  local t = uv.new_idle()
-  local left = n
+
+--- luv 0 ms timer chain: each step re-arms the same timer, so every step is
+-- one registration and one dispatch.
+function cases.timer_chain()
+  local t = uv.new_timer()
+  local left, seen = n, "unset"
   local function step()
     left = left - 1
-    if left <= 0 then t:stop(); t:close() return end
+    if left <= 0 then seen = v:get(); t:close() return end
+    t:start(0, 0, step)
+  end
+  t:start(0, 0, step)
+  uv.run()
+  assert(left == 0, "the chain ran every step")
+  assert(seen == expected, ("callback saw %s, expected %s"):format(tostring(seen), tostring(expected)))
+  return "steps=" .. n
+end
+
+--- The same with an idle handle re-registered each step (next-tick style).
+function cases.idle_chain()
+  local t = uv.new_idle()
+  local left, seen = n, "unset"
+  local function step()
+    left = left - 1
+    if left <= 0 then seen = v:get(); t:stop(); t:close() return end
     t:start(step)
   end
   t:start(step)
   uv.run()
+  assert(left == 0, "the chain ran every step")
+  assert(seen == expected, ("callback saw %s, expected %s"):format(tostring(seen), tostring(expected)))
+  return "steps=" .. n
 end
-with_value(cases[case])
+
+--- resume/yield round trip of one coroutine.
+function cases.switch()
+  local seen = "unset"
+  local c = co.create(function()
+    local y = co.yield
+    seen = v:get()
+    while true do y() end
+  end)
+  local resume = co.resume
+  for _ = 1, n do resume(c) end
+  assert(seen == expected, ("coroutine saw %s, expected %s"):format(tostring(seen), tostring(expected)))
+  return "round trips=" .. n
+end
+
+--- create + run a coroutine to completion.
+function cases.lifecycle()
+  local create, resume, f = co.create, co.resume, function(x) return x end
+  for i = 1, n do resume(create(f), i) end
+  local seen = "unset"
+  resume(create(function() seen = v:get() end))
+  assert(seen == expected, ("coroutine saw %s, expected %s"):format(tostring(seen), tostring(expected)))
+  return "coroutines=" .. n
+end
+
+--- v:get() with a value set in the current frame ...
+function cases.get()
+  v:set(1)
+  local x
+  for _ = 1, n do x = v:get() end
+  assert(x == 1)
+  return "calls=" .. n
+end
+
+--- ... against the cheapest Lua equivalent: a method call returning a field,
+-- `obj:m()` with `m` returning `self.x`, in the usual class idiom (`m` found
+-- through the metatable's `__index`; the figure the issue's "now" column
+-- used) ...
+function cases.method()
+  local C = {}
+  C.__index = C
+  function C:m() return self.x end
+  local obj = setmetatable({ x = 1 }, C)
+  local x
+  for _ = 1, n do x = obj:m() end
+  assert(x == 1)
+  return "class method"
+end
+
+--- ... and with `m` an own field of the object (one lookup less).
+function cases.method_own()
+  local obj = { x = 1, m = function(self) return self.x end }
+  local x
+  for _ = 1, n do x = obj:m() end
+  assert(x == 1)
+  return "own field"
+end
+
+--- ... and the floor for any C `get()`: `obj:m()` with `m` a bare C
+-- function of the standard library (rawlen) as an own field.
+function cases.cfloor()
+  local obj = { m = rawlen }
+  local x
+  for _ = 1, n do x = obj:m() end
+  assert(x == 0)
+  return "C function"
+end
+
+--- run(v, fn) against a plain call.
+function cases.run()
+  local f = function() end
+  for i = 1, n do v:run(i, f) end
+  return "calls=" .. n
+end
+function cases.call()
+  local f = function() end
+  for i = 1, n do f(i) end
+  return "calls=" .. n
+end
+
+local fn = assert(cases[case], "unknown case " .. tostring(case))
+local detail = with_value(fn)
+io.stdout:write("CASE-OK ", tostring(detail), "\n")

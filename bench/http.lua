@@ -1,84 +1,206 @@
---- Benchmark 5 (Node's async-resource-vs-destroy): the demo server shape
--- driven by wrk on loopback, two styles x four context types, at 50 and 500
--- connections; Node's AsyncLocalStorage and empty-hooks variants of the same
--- shape beside it when `node` is installed.
+--- HTTP rows of issue 9: the coroutine-per-request server (a 0 ms timer, a
+-- file read, the answer; bench/http_server.lua) without tracking, with an
+-- AsyncLocal set per request, and with four empty hooks; Node's twin
+-- (bench/node_server.js: none, AsyncLocalStorage, empty hooks) in the same
+-- run.  All six servers run at once, pinned to CPU 0 (idle but one); wrk
+-- runs pinned to CPU 1, against each server in turn, BENCH_HTTP_ROUNDS (15)
+-- rounds of BENCH_HTTP_SECONDS (1) each after a 1 s warm-up, the order
+-- reversed every other round.  A ratio is taken inside one round (paired);
+-- the rows report the median of the paired ratios.  Every server checks each
+-- response's context against its own request; a mismatch fails the row.
+-- Each paired ratio is also printed from the server's CPU time per request
+-- (/proc/<pid>/stat), which moves less when other work shares the machine.
 local U = require("util")
-local SECONDS = tonumber(os.getenv("BENCH_HTTP_SECONDS")) or 2
+
+local M = {}
+
+local SECONDS = tonumber(os.getenv("BENCH_HTTP_SECONDS")) or 1
+local ROUNDS = tonumber(os.getenv("BENCH_HTTP_ROUNDS")) or 15
+local CONNS = tonumber(os.getenv("BENCH_HTTP_CONNS")) or 50
+local TIMER_MS = 0
 
 local function have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") end
-if not have("wrk") then
-  print("\n## 5. HTTP server: skipped (wrk is not installed: apt-get install wrk)")
-  return
+
+local function read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
 end
 
-local function serve_and_load(cmd, conns)
-  local tmp = os.tmpname()
-  os.execute(("%s > %s 2>&1 & echo $! > %s.pid"):format(cmd, tmp, tmp))
-  local port
-  for _ = 1, 100 do
-    local f = io.open(tmp)
-    local s = f and f:read("a") or ""
-    if f then f:close() end
-    port = s:match("PORT (%d+)")
-    if port then break end
+local function start(c, pin)
+  c.out = os.tmpname()
+  os.execute(("%s%s > %s 2>&1 & echo $! > %s.pid"):format(pin, c.cmd, c.out, c.out))
+  for _ = 1, 200 do
+    c.port = read_file(c.out):match("PORT (%d+)")
+    if c.port then break end
     os.execute("sleep 0.05")
   end
-  local pidf = io.open(tmp .. ".pid")
-  local pid = pidf:read("l")
-  pidf:close()
-  local rps = 0
-  if port then
-    local w = io.popen(("wrk -t1 -c%d -d%ds http://127.0.0.1:%s/ 2>&1"):format(conns, SECONDS, port))
-    local out = w:read("a")
-    w:close()
-    rps = tonumber(out:match("Requests/sec:%s*([%d%.]+)")) or 0
-    if out:match("Non%-2xx") or out:match("Socket errors") then
-      io.write("    (wrk reported errors: ", (out:match("Socket errors:[^\n]*") or "non-2xx"), ")\n")
-    end
-  end
-  os.execute("kill " .. pid .. " 2>/dev/null; sleep 0.2")
-  os.remove(tmp)
-  os.remove(tmp .. ".pid")
-  return rps
-end
-
-local lua = "lua5.4 bench/http_server.lua"
-local ROUNDS = tonumber(os.getenv("BENCH_HTTP_ROUNDS")) or 3
-local configs = {}
-for _, style in ipairs { "callbacks", "coroutines" } do
-  for _, ctx in ipairs { "none", "asynclocal", "resource", "destroy" } do
-    configs[#configs + 1] = { lang = "lua", style = style, ctx = ctx, cmd = ("%s %s %s"):format(lua, style, ctx) }
-  end
-end
-if have("node") then
-  for _, ctx in ipairs { "none", "als", "hooks" } do
-    configs[#configs + 1] = { lang = "node", style = "callbacks", ctx = ctx, cmd = "node bench/node_server.js " .. ctx }
+  c.pid = read_file(c.out .. ".pid"):match("%d+")
+  if not c.port then
+    if c.pid then os.execute("kill " .. c.pid .. " 2>/dev/null") end
+    error(("%s did not start:\n%s"):format(c.cmd, read_file(c.out)), 0)
   end
 end
 
-local results = {}
-for _, conns in ipairs { 50, 500 } do
-  U.header(("5. HTTP server, %d connections: median of %d interleaved runs of %ds (requests/s, ratio to none)")
-    :format(conns, ROUNDS, SECONDS))
-  local samples = {}
-  for _ = 1, ROUNDS do
-    for i, c in ipairs(configs) do
-      samples[i] = samples[i] or {}
-      table.insert(samples[i], serve_and_load(c.cmd, conns))
+--- stop a server (by the pid we started it with) and read its statistics
+local function stop(c)
+  if not c.pid then return end
+  os.execute("kill " .. c.pid .. " 2>/dev/null")
+  local stats
+  for _ = 1, 100 do
+    stats = read_file(c.out):match("STATS ([^\n]+)")
+    if stats then break end
+    os.execute("sleep 0.05")
+  end
+  c.pid = nil
+  c.mismatches = stats and tonumber(stats:match("mismatches=(%d+)")) or -1
+  c.served = stats and tonumber(stats:match("served=(%d+)")) or 0
+  os.remove(c.out)
+  os.remove(c.out .. ".pid")
+end
+
+--- CPU time (user + system, all threads, in clock ticks) of a process
+local function cpu_ticks(pid)
+  local s = read_file("/proc/" .. pid .. "/stat"):match("%) (.*)")
+  if not s then return nil end
+  local f = {}
+  for x in s:gmatch("%S+") do f[#f + 1] = x end
+  return tonumber(f[12]) + tonumber(f[13]) -- fields 14 and 15 of the whole line
+end
+
+--- one wrk run; returns requests/s and the server's CPU ticks per 1000
+-- requests (nil when /proc is not readable)
+local function load(c, seconds, pin)
+  local t0 = cpu_ticks(c.pid)
+  local w = io.popen(("%swrk -t1 -c%d -d%ds http://127.0.0.1:%s/ 2>&1"):format(pin, CONNS, seconds, c.port))
+  local out = w:read("a")
+  w:close()
+  local t1 = cpu_ticks(c.pid)
+  if out:match("Non%-2xx") or out:match("Socket errors") then
+    c.errors = out:match("Socket errors:[^\n]*") or "non-2xx responses"
+  end
+  local reqs = tonumber(out:match("(%d+) requests in")) or 0
+  local cpu = t0 and t1 and reqs > 0 and (t1 - t0) / reqs * 1000 or nil
+  return tonumber(out:match("Requests/sec:%s*([%d%.]+)")) or 0, cpu
+end
+
+local function median(t)
+  local s = {}
+  for i, x in ipairs(t) do s[i] = x end
+  table.sort(s)
+  if #s == 0 then return 0 end
+  if #s % 2 == 1 then return s[(#s + 1) // 2] end
+  return (s[#s // 2] + s[#s // 2 + 1]) / 2
+end
+
+function M.run()
+  if not have("wrk") then error("wrk is not installed (apt-get install wrk)", 0) end
+  local pinned = have("taskset")
+  local spin = pinned and "taskset -c 0 " or ""
+  local cpin = pinned and "taskset -c 1 " or ""
+  local configs = {}
+  for _, ctx in ipairs { "none", "asynclocal", "hooks" } do
+    configs[#configs + 1] = { name = "lua " .. ctx, lang = "lua", ctx = ctx,
+      cmd = ("%s bench/http_server.lua coroutines %s %d"):format(U.LUA, ctx, TIMER_MS) }
+  end
+  local node = have("node")
+  if node then
+    for _, ctx in ipairs { "none", "als", "hooks" } do
+      configs[#configs + 1] = { name = "node " .. ctx, lang = "node", ctx = ctx,
+        cmd = ("node bench/node_server.js %s %d"):format(ctx, TIMER_MS) }
     end
   end
-  local base = {}
-  for i, c in ipairs(configs) do
-    table.sort(samples[i])
-    local rps = samples[i][(#samples[i] + 1) // 2]
-    local key = c.lang .. c.style
-    if c.ctx == "none" then base[key] = rps end
-    local r = (base[key] or 0) > 0 and rps / base[key] or 0
-    local target = c.lang == "lua" and ((c.ctx == "asynclocal" and 0.97) or (c.ctx ~= "none" and 0.90)) or nil
-    local verdict = target and ((r >= target) and ("  (target >= %.2f: met)"):format(target)
-      or ("  (target >= %.2f: MISSED)"):format(target)) or ""
-    print(("  %-4s %-10s %-11s %10.0f req/s   x%.3f%s"):format(c.lang, c.style, c.ctx, rps, r, verdict))
-    results[#results + 1] = { conns = conns, lang = c.lang, style = c.style, ctx = c.ctx, rps = rps, ratio = r }
+  local by = {}
+  for _, c in ipairs(configs) do by[c.name] = c end
+  U.header(("HTTP: coroutine per request (0 ms timer + fs read), wrk -t1 -c%d, %d rounds of %d s, %s")
+    :format(CONNS, ROUNDS, SECONDS, pinned and "servers on CPU 0, wrk on CPU 1" or "NOT pinned (no taskset)"))
+  local ok, err = pcall(function()
+    for _, c in ipairs(configs) do start(c, spin) end
+    for _, c in ipairs(configs) do load(c, 1, cpin) end -- warm-up (Node's JIT, the library's tables)
+    local head = { "round" }
+    for _, c in ipairs(configs) do head[#head + 1] = c.name end
+    print("| " .. table.concat(head, " | ") .. " | lua asynclocal/none | lua hooks/none |"
+      .. (node and " node als/none | node hooks/none |" or ""))
+    print("|" .. ("---|"):rep(#head + (node and 4 or 2)))
+    for r = 1, ROUNDS do
+      local rps, cpu = {}, {}
+      for i = 1, #configs do
+        local c = configs[r % 2 == 1 and i or #configs + 1 - i]
+        rps[c.name], cpu[c.name] = load(c, SECONDS, cpin)
+      end
+      local function pair(a, b)
+        local x = rps[b] > 0 and rps[a] / rps[b] or 0
+        by[a].ratios = by[a].ratios or {}
+        table.insert(by[a].ratios, x)
+        -- the same ratio from the server's CPU time per request: less
+        -- sensitive to what else runs on the machine
+        by[a].cpu = by[a].cpu or {}
+        local y = cpu[a] and cpu[b] and cpu[a] > 0 and cpu[b] / cpu[a]
+        if y then table.insert(by[a].cpu, y) end
+        return ("%.3f%s"):format(x, y and (" (cpu %.3f)"):format(y) or "")
+      end
+      local cells = { tostring(r) }
+      for _, c in ipairs(configs) do cells[#cells + 1] = ("%.0f"):format(rps[c.name]) end
+      cells[#cells + 1] = pair("lua asynclocal", "lua none")
+      cells[#cells + 1] = pair("lua hooks", "lua none")
+      if node then
+        cells[#cells + 1] = pair("node als", "node none")
+        cells[#cells + 1] = pair("node hooks", "node none")
+      end
+      print("| " .. table.concat(cells, " | ") .. " |")
+    end
+  end)
+  for _, c in ipairs(configs) do stop(c) end
+  if not ok then error(err, 0) end
+  for _, c in ipairs(configs) do
+    if c.errors then print(("  (%s: wrk reported %s)"):format(c.name, c.errors)) end
+    if c.mismatches ~= 0 then
+      print(("  (%s: %s responses with a wrong context)"):format(c.name,
+        c.mismatches < 0 and "no statistics, unknown" or tostring(c.mismatches)))
+    end
   end
+  local als, hooks = median(by["lua asynclocal"].ratios), median(by["lua hooks"].ratios)
+  local nals = node and median(by["node als"].ratios)
+  local nhooks = node and median(by["node hooks"].ratios)
+  print(("  medians of the paired ratios: Lua AsyncLocal %.3f, Lua 4 empty hooks %.3f%s"):format(als, hooks,
+    node and (", Node AsyncLocalStorage %.3f, Node empty hooks %.3f"):format(nals, nhooks) or " (node not installed)"))
+  local function cpu_median(name) return by[name] and #(by[name].cpu or {}) > 0 and median(by[name].cpu) end
+  if cpu_median("lua asynclocal") then
+    print(("  the same from server CPU time per request (none / x): Lua AsyncLocal %.3f, Lua 4 empty hooks %.3f%s")
+      :format(cpu_median("lua asynclocal"), cpu_median("lua hooks"), node and cpu_median("node als")
+        and (", Node AsyncLocalStorage %.3f, Node empty hooks %.3f"):format(cpu_median("node als"),
+          cpu_median("node hooks")) or ""))
+  end
+  local clean = function(c) return c.mismatches == 0 end
+  -- a target counts as met when the throughput ratio meets it and so does
+  -- the CPU-time ratio (where /proc gave one): on a shared machine the
+  -- throughput alone can pass by luck
+  local function meets(name, x, bound)
+    local c = cpu_median(name)
+    return x >= bound and (not c or c >= bound)
+  end
+  local function beats_node()
+    if not node then return true end
+    local c, nc = cpu_median("lua asynclocal"), cpu_median("node als")
+    return als >= nals and (not (c and nc) or c >= nc)
+  end
+  local function cell(name, x)
+    local c = cpu_median(name)
+    return ("%.3fx%s"):format(x, c and (" (cpu %.3fx)"):format(c) or "")
+  end
+  return {
+    { path = "HTTP, coroutine per request (fs read + 0 ms timer), AsyncLocal set per request vs no tracking",
+      value = ("%s; Node ALS %s"):format(cell("lua asynclocal", als),
+        node and cell("node als", nals) or "not measured"),
+      target = ">= 0.95x and >= Node's ALS ratio",
+      ok = meets("lua asynclocal", als, 0.95) and beats_node() and clean(by["lua asynclocal"]) },
+    { path = "same, 4 empty hooks vs no tracking",
+      value = ("%s; Node hooks %s"):format(cell("lua hooks", hooks),
+        node and cell("node hooks", nhooks) or "not measured"),
+      target = ">= 0.88x", ok = meets("lua hooks", hooks, 0.88) and clean(by["lua hooks"]) },
+  }
 end
-return results
+
+return M

@@ -1,8 +1,14 @@
---- The benchmark server: per request one 1 ms timer, one file read, and the
--- answer.  Usage: lua5.4 bench/http_server.lua <callbacks|coroutines>
--- <none|asynclocal|resource|destroy>.  Prints "PORT <n>", then serves.
+--- The benchmark server: per request a timer, one file read, and the
+-- answer.  Usage:
+--   lua5.4 bench/http_server.lua <callbacks|coroutines> <ctx> [timer ms]
+-- ctx: none | asynclocal (a value set per request) | hooks (four empty hooks)
+-- | resource (Node's async-resource pattern) | destroy (Node's destroy
+-- pattern).  The timer is 1 ms unless given.  Prints "PORT <n>", then
+-- serves; on SIGTERM prints "STATS served=<n> mismatches=<n>", where a
+-- mismatch is a response whose context was not its own request's.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
 local style, ctx = arg[1] or "callbacks", arg[2] or "none"
+local ms = tonumber(arg[3]) or 1
 local uv = require("luv")
 local ah, getid, setid
 if ctx ~= "none" then
@@ -11,6 +17,9 @@ if ctx ~= "none" then
     local v = ah.AsyncLocal.new()
     setid = function(id) v:set(id) end
     getid = function() return v:get() end
+  elseif ctx == "hooks" then
+    ah.createHook { init = function() end, before = function() end,
+      after = function() end, destroy = function() end }:enable()
   elseif ctx == "resource" then -- Node's async-resource pattern
     local KEY = {}
     ah.createHook { init = function(_, _, _, r) r[KEY] = ah.executionAsyncResource()[KEY] end }:enable()
@@ -24,27 +33,34 @@ if ctx ~= "none" then
     }:enable()
     setid = function(id) map[ah.executionAsyncId()] = id end
     getid = function() return map[ah.executionAsyncId()] end
+  else
+    error("unknown context kind " .. ctx)
   end
 end
 local app = require("app")
 
 local fd = app.data_fd(512)
 
-local n = 0
+local n, served, mismatches = 0, 0, 0
+local function answer(respond, id, data)
+  local got = getid and getid()
+  if getid and got ~= id then mismatches = mismatches + 1 end
+  served = served + 1
+  respond(("%s %d\n"):format(got and tostring(got) or "-", #data))
+end
 local handler
 if style == "callbacks" then
   -- callbacks style: the request's context is entered with run() (or set by
   -- the hook patterns on the current resource) and follows the callbacks
-  handler = function(req, respond)
+  handler = function(_, respond)
     n = n + 1
+    local id = n
     local function go()
-      if setid then setid(n) end
+      if setid then setid(id) end
       local t = uv.new_timer()
-      t:start(1, 0, function()
+      t:start(ms, 0, function()
         t:close()
-        uv.fs_read(fd, 512, 0, function(err, data)
-          respond(("%s %d\n"):format(getid and tostring(getid()) or "-", #data))
-        end)
+        uv.fs_read(fd, 512, 0, function(_, data) answer(respond, id, data) end)
       end)
     end
     if ctx == "resource" or ctx == "destroy" then
@@ -53,22 +69,30 @@ if style == "callbacks" then
       go()
     end
   end
-else
-  handler = function(req, respond)
+elseif style == "coroutines" then
+  handler = function(_, respond)
     n = n + 1
     local id = n
     coroutine.wrap(function()
       if setid then setid(id) end
-      app.sleep(1)
+      app.sleep(ms)
       local _, data = app.await(function(k) uv.fs_read(fd, 512, 0, k) end)
-      respond(("%s %d\n"):format(getid and tostring(getid()) or "-", #data))
+      answer(respond, id, data)
     end)()
   end
+else
+  error("unknown style " .. style)
 end
 
 local server, port = app.http_server(handler)
 io.stdout:write("PORT ", port, "\n")
 io.stdout:flush()
 local sig = uv.new_signal()
-sig:start("sigterm", function() sig:close(); server:close(); uv.stop() end)
+sig:start("sigterm", function()
+  sig:close()
+  server:close()
+  io.stdout:write(("STATS served=%d mismatches=%d\n"):format(served, mismatches))
+  io.stdout:flush()
+  uv.stop()
+end)
 uv.run()

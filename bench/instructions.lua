@@ -1,34 +1,127 @@
 --- Instruction counts per operation (valgrind --tool=callgrind): exact and
 -- repeatable, unlike wall-clock on a shared 2-core VM.  Each figure is
 -- (instructions at n + 1 - instructions at 1) / n, so start-up cancels out.
+-- Every case runs in its own process (bench/cg_case.lua); BENCH_JOBS (2)
+-- processes run at once (callgrind counts do not depend on the load).
 local U = require("util")
-if not os.execute("command -v valgrind >/dev/null 2>&1") then
-  print("\n## instruction counts: skipped (valgrind is not installed)")
-  return
-end
-local function count(case, variant, n)
-  local p = io.popen(("valgrind --tool=callgrind --callgrind-out-file=/dev/null lua5.4 bench/cg_case.lua %s %s %d 2>&1")
-    :format(case, variant, n))
-  local out = p:read("a")
-  p:close()
-  return tonumber(out:match("Collected : (%d+)")) or 0
-end
-local function per_op(case, variant, n)
-  return (count(case, variant, n + 1) - count(case, variant, 1)) / n
-end
-U.header("instruction counts per operation (callgrind; ratio to the raw baseline)")
-local rows = {
-  { "switch", 50000, "resume/yield round trip", { "raw", "installed", "value", "hooks" } },
-  { "lifecycle", 20000, "create + run to completion", { "raw", "installed", "value" } },
-  { "get", 50000, "get() vs a table index", { "raw", "installed" } },
-  { "run", 20000, "run(v, fn) vs fn()", { "raw", "installed" } },
-  { "chain", 20000, "luv callback chain step", { "raw", "installed", "value", "hooks" } },
+
+local M = {}
+
+local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 2
+-- BENCH_ONLY: a Lua pattern; only rows whose case name matches it
+local ONLY = os.getenv("BENCH_ONLY")
+
+--- The issue's rows: {label, case, variant, baseline case, baseline variant, target}.
+M.ROWS = {
+  { "luv 0 ms timer chain, value set (every registration tracked) vs raw luv",
+    "timer_chain", "value", "timer_chain", "raw", 1.50 },
+  { "same chain, installed but nothing set (untracked)", "timer_chain", "installed", "timer_chain", "raw", 1.10 },
+  { "same chain, 4 empty hooks enabled", "timer_chain", "hooks", "timer_chain", "raw", 3.50 },
+  { "resume/yield round trip, value set vs raw", "switch", "value", "switch", "raw", 1.03 },
+  { "create + run to completion vs raw", "lifecycle", "installed", "lifecycle", "raw", 1.25 },
+  { "create + run to completion, value set vs raw", "lifecycle", "value", "lifecycle", "raw", 1.40 },
+  { "`v:get()` vs a Lua method call returning a field (`obj:m()`, class method)",
+    "get", "installed", "method", "installed", 1.15 },
 }
-for _, row in ipairs(rows) do
-  local base
-  for _, variant in ipairs(row[4]) do
-    local ins = per_op(row[1], variant, math.floor(row[2] * U.SCALE))
-    base = base or ins
-    print(("  %-28s %-10s %8.0f instr/op   x%.3f"):format(row[3], variant, ins, ins / base))
-  end
+
+--- Further rows without a target, printed for the record.
+M.INFO = {
+  { "luv idle chain (re-registered each step), nothing set", "idle_chain", "installed", "idle_chain", "raw" },
+  { "luv idle chain, value set", "idle_chain", "value", "idle_chain", "raw" },
+  { "luv idle chain, 4 empty hooks", "idle_chain", "hooks", "idle_chain", "raw" },
+  { "resume/yield, installed, nothing set", "switch", "installed", "switch", "raw" },
+  { "resume/yield, 4 empty hooks", "switch", "hooks", "switch", "raw" },
+  { "create + run to completion, 4 empty hooks", "lifecycle", "hooks", "lifecycle", "raw" },
+  { "`v:get()` vs `obj:m()` with `m` an own field of `obj`", "get", "installed", "method_own", "installed" },
+  { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
+    "get", "installed", "cfloor", "installed" },
+  { "`v:run(i, f)` vs `f(i)`", "run", "installed", "call", "installed" },
+}
+
+--- Operations per measured run of each case (times BENCH_SCALE).
+local SIZE = { timer_chain = 20000, idle_chain = 20000, switch = 50000, lifecycle = 20000,
+  get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
+
+local function key(case, variant) return case .. "/" .. variant end
+
+local function command(case, variant, n)
+  return ("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/cg_case.lua %s %s %d 2>&1")
+    :format(U.LUA, case, variant, n)
 end
+
+--- Run the listed {case, variant} pairs (two sizes each), JOBS at a time;
+-- returns instructions per operation keyed by "case/variant".
+local function measure(pairs_)
+  local jobs = {}
+  for _, p in ipairs(pairs_) do
+    local n = math.max(1, math.floor(SIZE[p[1]] * U.SCALE))
+    jobs[#jobs + 1] = { p = p, n = n, size = n + 1 }
+    jobs[#jobs + 1] = { p = p, n = n, size = 1 }
+  end
+  local counts = {}
+  for first = 1, #jobs, JOBS do
+    local running = {}
+    for i = first, math.min(#jobs, first + JOBS - 1) do
+      local j = jobs[i]
+      running[#running + 1] = { j = j, h = io.popen(command(j.p[1], j.p[2], j.size)) }
+    end
+    for _, r in ipairs(running) do
+      local out = r.h:read("a")
+      r.h:close()
+      local c = tonumber(out:match("Collected : (%d+)"))
+      local detail = out:match("CASE%-OK ([^\n]*)")
+      if not (c and detail) then
+        error(("case %s %s %d failed:\n%s"):format(r.j.p[1], r.j.p[2], r.j.size, out), 0)
+      end
+      local k = key(r.j.p[1], r.j.p[2])
+      counts[k] = counts[k] or { n = r.j.n, detail = detail }
+      counts[k][r.j.size == 1 and "one" or "many"] = c
+    end
+  end
+  local per = {}
+  for k, c in pairs(counts) do
+    per[k] = { ins = (c.many - c.one) / c.n, detail = c.detail }
+  end
+  return per
+end
+
+--- Measure every row; returns the table rows for bench/run.lua and prints
+-- the raw counts.
+-- @tparam boolean info also measure the rows without a target
+function M.run(info)
+  local want, seen = {}, {}
+  local lists = info and { M.ROWS, M.INFO } or { M.ROWS }
+  local function wanted(row) return not ONLY or row[2]:match(ONLY) end
+  for _, list in ipairs(lists) do
+    for _, row in ipairs(list) do
+      for _, p in ipairs(wanted(row) and { { row[2], row[3] }, { row[4], row[5] } } or {}) do
+        if not seen[key(p[1], p[2])] then
+          seen[key(p[1], p[2])] = true
+          want[#want + 1] = p
+        end
+      end
+    end
+  end
+  local per = measure(want)
+  U.header("instructions per operation (callgrind, (count(n+1) - count(1)) / n)")
+  print("| path | library | baseline | ratio | target |")
+  print("|---|---|---|---|---|")
+  local out = {}
+  for _, list in ipairs(lists) do
+    for _, row in ipairs(list) do
+      if wanted(row) then
+        local a, b = per[key(row[2], row[3])], per[key(row[4], row[5])]
+        local ratio = a.ins / b.ins
+        print(("| %s | %.0f | %.0f | %.3fx | %s |"):format(row[1], a.ins, b.ins, ratio,
+          row[6] and ("<= %.2fx"):format(row[6]) or "-"))
+        if row[6] then
+          out[#out + 1] = { path = row[1], value = ("%.2fx"):format(ratio),
+            target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6] }
+        end
+      end
+    end
+  end
+  return out
+end
+
+return M

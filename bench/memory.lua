@@ -1,101 +1,75 @@
---- Benchmark 7: memory.  RSS stays flat over 1e6 coroutine "requests" with
--- an AsyncLocal set; bytes retained per suspended coroutine and per pending
--- luv callback, against raw Lua/luv.
+--- Memory rows of issue 9, each measured in a fresh process
+-- (bench/mem_case.lua) under both collectors: the stand-alone lua5.4 runs
+-- the generational one, embedders get the incremental one.
+--  * 1e6 coroutine "requests" (create, set a value, yield, finish) with a
+--    value set: the peak Lua heap (sampled every 64 requests) against the
+--    same loop on raw coroutines with a table per request, and the heap left
+--    after a full collection against the heap before (flat).
+--  * bytes retained per suspended coroutine, value set, over a raw one.
+--  * bytes retained per pending luv callback, tracked, over raw luv.
 local U = require("util")
-local uv = require("luv")
-local ah = require("async_hooks")
-local raw_create, raw_resume, yield = coroutine.create, coroutine.resume, coroutine.yield
-local lib = ah.coroutine
-local N = math.floor(1e6 * U.SCALE)
 
-U.header(("7. memory: %d requests through coroutines with an AsyncLocal set"):format(N))
-local v = ah.AsyncLocal.new()
-local function requests(n)
-  for i = 1, n do
-    local c = lib.create(function(id)
-      v:set({ id = id })
-      yield()
-      return v:get().id
-    end)
-    lib.resume(c, i)
-    local _, id = lib.resume(c)
-    assert(id == i)
-  end
-end
-requests(N // 10)
-collectgarbage("collect")
-local warm = U.rss_kb()
-local t = os.clock()
-requests(N)
-local dt = os.clock() - t
-collectgarbage("collect")
-local final = U.rss_kb()
-print(("  RSS after warm-up %d KiB, after %d more requests %d KiB (%+d KiB, %.1f%%); %.0f ns/request"):format(
-  warm, N, final, final - warm, (final - warm) / warm * 100, dt / N * 1e9))
+local M = {}
 
-local function bytes_per_once(make, n)
-  collectgarbage("collect")
-  collectgarbage("collect")
-  local before = collectgarbage("count")
-  local keep = make(n)
-  collectgarbage("collect")
-  collectgarbage("collect")
-  local after = collectgarbage("count")
-  assert(keep)
-  return (after - before) * 1024 / n
-end
--- the smallest of three measurements: tables that grew in an earlier
--- measurement (weak slot tables, luv's registry) would otherwise count
-local function bytes_per(make, n)
-  local best = math.huge
-  for _ = 1, 3 do best = math.min(best, bytes_per_once(make, n)) end
-  return best
+local MODES = { "generational", "incremental" }
+
+local function measure(what, mode, variant, n)
+  local cmd = ("%s bench/mem_case.lua %s %s %s %d 2>&1"):format(U.LUA, what, mode, variant, n)
+  local p = io.popen(cmd)
+  local out = p:read("a")
+  p:close()
+  local line = out:match("RESULT ([^\n]*)")
+  if not line then error(("%s failed:\n%s"):format(cmd, out), 0) end
+  local r = {}
+  for k, val in line:gmatch("([%w_]+)=([%d%.%-]+)") do r[k] = tonumber(val) end
+  return r
 end
 
-local M = math.floor(1e5 * U.SCALE)
-local function suspended(create, resume)
-  return function(n)
-    local keep = {}
-    for i = 1, n do
-      local c = create(function() yield() end)
-      resume(c)
-      keep[i] = c
+function M.run()
+  local rows = {}
+  local N = math.max(1000, math.floor(1e6 * U.SCALE))
+  local S = math.max(1000, math.floor(1e5 * U.SCALE))
+  local K = math.max(1000, math.floor(2e4 * U.SCALE))
+  U.header(("memory (Lua heap from collectgarbage(\"count\"); %d requests, %d suspended coroutines, %d pending timers)")
+    :format(N, S, K))
+  print("| measurement | collector | raw | library (value set) | |")
+  print("|---|---|---|---|---|")
+  for _, mode in ipairs(MODES) do
+    local raw = measure("churn", mode, "raw", N)
+    local lib = measure("churn", mode, "value", N)
+    local function fig(r)
+      return ("%.0f / %.0f / %.0f, %d / %d, %.0f"):format(r.start, r.peak, r["end"], r.rss_start, r.rss_end, r.ns)
     end
-    return keep
+    print(("| %d requests: heap before / peak / after (KiB), RSS before / after (KiB), ns per request"
+      .. " | %s | %s | %s | |"):format(N, mode, fig(raw), fig(lib)))
+    local ratio = lib.peak / raw.peak
+    local grew = lib["end"] - lib.start
+    local flat = grew <= 64 + lib.start * 0.05
+    rows[#rows + 1] = {
+      path = ("%s coroutines created and finished, value set: peak live heap vs raw (%s)"):format(
+        N == 1e6 and "1e6" or tostring(N), mode),
+      value = ("%.2fx (%.0f vs %.0f KiB), %+.0f KiB after"):format(ratio, lib.peak, raw.peak, grew),
+      target = "<= 2x, flat", ok = ratio <= 2 and flat,
+    }
   end
+  for _, spec in ipairs {
+    { "suspended", S, "a suspended coroutine, value set: bytes over a raw one", "+0 B", 0 },
+    { "pending", K, "a tracked pending luv callback (value set): bytes over raw luv", "<= 160 B", 160 },
+  } do
+    local parts, ok = {}, true
+    for _, mode in ipairs(MODES) do
+      local raw = measure(spec[1], mode, "raw", spec[2]).bytes
+      local inst = measure(spec[1], mode, "installed", spec[2]).bytes
+      local val = measure(spec[1], mode, "value", spec[2]).bytes
+      print(("| bytes per %s object: raw / installed, nothing set / value set | %s | %.1f | %.1f / %.1f | |")
+        :format(spec[1], mode, raw, inst, val))
+      local over = math.floor(val - raw + 0.5)
+      ok = ok and over <= spec[5]
+      parts[#parts + 1] = ("%+d B (%s)"):format(over, mode:sub(1, 3))
+    end
+    rows[#rows + 1] = { path = spec[3], value = table.concat(parts, ", "), target = spec[4], ok = ok }
+  end
+  return rows
 end
-U.header(("7. memory: bytes retained per suspended coroutine (%d kept)"):format(M))
-local raw = bytes_per(suspended(raw_create, raw_resume), M)
-local inst = bytes_per(suspended(lib.create, lib.resume), M)
-local val = v:run({}, function() return bytes_per(suspended(lib.create, lib.resume), M) end)
-print(("  raw coroutine %.0f B; library %.0f B (%+.0f); library, AsyncLocal set %.0f B (%+.0f)"):format(
-  raw, inst, inst - raw, val, val - raw))
 
-local K = math.floor(2e4 * U.SCALE)
-local function pending(n)
-  local ts = {}
-  for i = 1, n do
-    local tm = uv.new_timer()
-    tm:start(60000, 0, function() end)
-    ts[i] = tm
-  end
-  return ts
-end
-local function stop_all(ts) for _, tm in ipairs(ts) do tm:close() end uv.run("nowait") end
-local function pending_measured(n)
-  local best = math.huge
-  for _ = 1, 3 do
-    local ts
-    best = math.min(best, bytes_per_once(function(k) ts = pending(k); return ts end, n))
-    stop_all(ts)
-  end
-  return best
-end
-U.header(("7. memory: bytes retained per pending luv callback (%d timers)"):format(K))
-ah.uninstall()
-local rawb = pending_measured(K)
-ah.install()
-local untracked = pending_measured(K)
-local tracked = v:run({}, function() return pending_measured(K) end)
-print(("  raw luv %.0f B; installed, untracked %.0f B (%+.0f); tracked (AsyncLocal set) %.0f B (%+.0f)"):format(
-  rawb, untracked, untracked - rawb, tracked, tracked - rawb))
+return M

@@ -35,7 +35,8 @@ results.switch = U.line("installed, no hooks", m["installed, no hooks"], N, m.ra
 results.switch_value = U.line("installed, AsyncLocal set", m["installed, AsyncLocal set"], N, m.raw, 1.10)
 U.line("installed, 4 empty hooks", m["installed, 4 empty hooks"], N, m.raw)
 U.line("pure-Lua implementation, value set", m["pure-Lua implementation, value set"], N, m.raw)
-print(("  library vs pure-Lua (value set): x%.3f"):format(m["installed, AsyncLocal set"] / m["pure-Lua implementation, value set"]))
+print(("  library vs pure-Lua (value set): x%.3f"):format(
+  m["installed, AsyncLocal set"] / m["pure-Lua implementation, value set"]))
 local roundtrip = m["installed, AsyncLocal set"] / N
 
 U.header("2. coroutine lifecycle: create + run to completion (ratio to raw)")
@@ -88,7 +89,9 @@ for _, width in ipairs { 1, 10, 100 } do
     { "get", function(n) nest(1, function(k) local g = target; for _ = 1, k do g:get() end end, n) end },
     { "pure get", function(n) pnest(1, function(k) local g = ptarget; for _ = 1, k do g:get() end end, n) end },
     { "run", function(n) nest(1, function(k) local g = target; for i = 1, k do g:run(i, f) end end, n // 10) end },
-    { "pure run", function(n) pnest(1, function(k) local g = ptarget; for i = 1, k do g:run(i, f) end end, n // 10) end },
+    { "pure run", function(n)
+      pnest(1, function(k) local g = ptarget; for i = 1, k do g:run(i, f) end end, n // 10)
+    end },
     { "call", function(n) for i = 1, n // 10 do f(i) end end },
   }, N)
   print(("  -- %d local%s in the frame"):format(width, width == 1 and "" or "s"))

@@ -1,6 +1,7 @@
-// Node's side of the HTTP benchmark, the same shape as bench/http_server.lua:
-// per request one 1 ms timer, one file read, the answer.
-// Usage: node bench/node_server.js <none|als|hooks>
+// Node's twin of bench/http_server.lua: per request a timer, one file read,
+// the answer.  Usage: node bench/node_server.js <none|als|hooks> [timer ms]
+// (1 ms unless given; Node runs a 0 ms setTimeout after 1 ms).  Prints
+// "PORT <n>"; on SIGTERM "STATS served=<n> mismatches=<n>".
 'use strict';
 const http = require('http');
 const fs = require('fs');
@@ -8,6 +9,7 @@ const os = require('os');
 const path = require('path');
 const ah = require('async_hooks');
 const ctx = process.argv[2] || 'none';
+const ms = process.argv[3] === undefined ? 1 : Number(process.argv[3]);
 
 const file = path.join(os.tmpdir(), `ah-bench-${process.pid}`);
 fs.writeFileSync(file, 'x'.repeat(512));
@@ -16,22 +18,30 @@ fs.unlinkSync(file);
 
 let als = null;
 if (ctx === 'als') als = new ah.AsyncLocalStorage();
-if (ctx === 'hooks') ah.createHook({ init() {}, before() {}, after() {}, destroy() {} }).enable();
+else if (ctx === 'hooks') ah.createHook({ init() {}, before() {}, after() {}, destroy() {} }).enable();
+else if (ctx !== 'none') throw new Error(`unknown context kind ${ctx}`);
 
-let n = 0;
-function handle(req, res) {
+let n = 0, served = 0, mismatches = 0;
+function handle(id, req, res) {
   setTimeout(() => {
     fs.read(fd, Buffer.alloc(512), 0, 512, 0, (err, bytes) => {
-      const id = als ? als.getStore() : '-';
-      res.end(`${id} ${bytes}\n`);
+      const got = als ? als.getStore() : '-';
+      if (als && got !== id) mismatches++;
+      served++;
+      res.end(`${got} ${bytes}\n`);
     });
-  }, 1);
+  }, ms);
 }
 const server = http.createServer((req, res) => {
   n++;
-  if (als) als.run(n, handle, req, res); else handle(req, res);
+  if (als) als.run(n, handle, n, req, res); else handle(n, req, res);
 });
 server.listen(0, '127.0.0.1', () => {
   process.stdout.write(`PORT ${server.address().port}\n`);
 });
-process.on('SIGTERM', () => { server.close(); process.exit(0); });
+process.on('SIGTERM', () => {
+  process.stdout.write(`STATS served=${served} mismatches=${mismatches}\n`, () => {
+    server.close();
+    process.exit(0);
+  });
+});

@@ -1,15 +1,54 @@
---- make bench: every benchmark, each printing ratios against a baseline
--- measured in the same run.  BENCH_SCALE (default 1) scales the sizes,
--- BENCH_RUNS (default 5) the number of runs whose median is reported.
+--- make bench: the issue-9 table, every row with its target and ok/missed.
+--   lua5.4 bench/run.lua            instructions, memory, HTTP rows, httpinstr
+--   lua5.4 bench/run.lua instr      instruction rows only (make bench-instr)
+--   lua5.4 bench/run.lua memory     memory rows only
+--   lua5.4 bench/run.lua http       HTTP rows only
+--   lua5.4 bench/run.lua httpinstr  instructions per HTTP request (no target)
+--   lua5.4 bench/run.lua micro      also: the older wall-clock benchmarks
+--                                   (micro, callbacks) by name
+-- Knobs: BENCH_SCALE (sizes), BENCH_JOBS (parallel callgrind runs),
+-- BENCH_HTTP_ROUNDS / BENCH_HTTP_SECONDS, BENCH_INFO=0 (skip rows without a
+-- target).
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
-local only = arg[1]
 local uv = require("luv") -- main thread, before anything else
 local U = require("util")
-print(("# async_hooks benchmarks (Lua %s, luv %s, median of %d runs, scale %g)"):format(
-  _VERSION, uv.version_string(), U.RUNS, U.SCALE))
-for _, name in ipairs { "micro", "instructions", "callbacks", "memory", "http" } do
-  if not only or only == name then
-    local ok, err = pcall(require, name)
-    if not ok then print("!! " .. name .. ": " .. tostring(err)) end
+
+local parts = {}
+for i = 1, #arg do parts[arg[i]] = true end
+if next(parts) == nil then parts = { instr = true, memory = true, http = true, httpinstr = true } end
+local info = os.getenv("BENCH_INFO") ~= "0"
+
+print(("# async_hooks benchmarks (%s, luv %s, scale %g, %s UTC)"):format(
+  _VERSION, uv.version_string(), U.SCALE, os.date("!%Y-%m-%d %H:%M")))
+local rows, failed = {}, {}
+local function part(name, f)
+  if not parts[name] then return end
+  local t = os.time()
+  local ok, res = pcall(f)
+  if ok then
+    for _, r in ipairs(res) do rows[#rows + 1] = r end
+  else
+    failed[#failed + 1] = name
+    print(("!! %s: %s"):format(name, tostring(res)))
   end
+  print(("(%s: %d s)"):format(name, os.time() - t))
 end
+part("instr", function() return require("instructions").run(info) end)
+part("memory", function() return require("memory").run() end)
+part("http", function() return require("http").run() end)
+part("httpinstr", function() return require("http_instr").run() end)
+for _, legacy in ipairs { "micro", "callbacks" } do
+  part(legacy, function() require(legacy); return {} end)
+end
+
+U.header("issue 9: every row with its target")
+print("| path | measured | target | result |")
+print("|---|---|---|---|")
+local missed = 0
+for _, r in ipairs(rows) do
+  if not r.ok then missed = missed + 1 end
+  print(("| %s | %s | %s | %s |"):format(r.path, r.value, r.target, r.ok and "ok" or "missed"))
+end
+print(("\n%d rows: %d ok, %d missed%s"):format(#rows, #rows - missed, missed,
+  #failed > 0 and (", failed to run: " .. table.concat(failed, ", ")) or ""))
+if #failed > 0 then os.exit(1) end

@@ -4,6 +4,14 @@ local U = {}
 U.RUNS = tonumber(os.getenv("BENCH_RUNS")) or 5
 U.SCALE = tonumber(os.getenv("BENCH_SCALE")) or 1
 
+--- The running interpreter (the lowest negative index of `arg`), for the
+-- processes the benchmarks start.
+U.LUA = (function()
+  local i = 0
+  while arg and arg[i - 1] do i = i - 1 end
+  return arg and i < 0 and arg[i] or "lua5.4"
+end)()
+
 --- Time several variants interleaved (a, b, c, a, b, c, ...) so that machine
 -- noise hits them alike; returns medians keyed by name.
 -- @param variants list of {name, f}

@@ -5,18 +5,36 @@ source = {
   url = "git+https://example.invalid/async-hooks.git",
 }
 description = {
-  summary = "Request context across coroutines and luv callbacks (Node's async_hooks for Lua 5.4)",
+  summary = "Request context across coroutines and luv callbacks: Node's async_hooks and AsyncLocalStorage for Lua 5.4",
   detailed = [[
-    AsyncLocal values that follow a request through every coroutine and luv
-    (libuv) callback, createHook/executionAsyncId/AsyncResource with Node's
-    semantics, AsyncLocalStorage and TC39 Snapshot faces.  C core.
+    A request id, a trace span or a tenant set at the start of a request
+    reaches every function that runs on the request's behalf -- in the
+    coroutines it starts and in the luv (libuv) callbacks it registers --
+    without being passed by hand, while requests interleave on one event
+    loop.
+
+    AsyncLocal values and AsyncLocalStorage (run, enterWith, getStore),
+    snapshots of the whole context (TC39 AsyncContext.Snapshot),
+    createHook with init/before/after/destroy events, executionAsyncId,
+    triggerAsyncId and AsyncResource with Node's semantics.  A drop-in
+    coroutine library carries the context into coroutines; install{luv =
+    true} wraps luv's callback-taking functions.  The hot paths are a C
+    core (async_hooks.core); luv is optional.
   ]],
+  -- No public repository yet: replace with its address when published.
+  homepage = "https://example.invalid/async-hooks",
   license = "MIT",
-  labels = { "async", "context", "luv", "coroutine" },
+  labels = { "async", "context", "luv", "libuv", "coroutine", "tracing" },
 }
 dependencies = {
-  "lua >= 5.4",
+  "lua >= 5.4, < 5.5",
 }
+test_dependencies = {
+  "busted",
+}
+-- CMake builds the C module from every src/*.c and installs the whole
+-- lua/async_hooks/ tree (subfolders included).  -Wpedantic -Werror are on
+-- only with AH_STRICT=1 in the environment (`make`, CI).
 build = {
   type = "cmake",
   variables = {

@@ -2,6 +2,74 @@ local ah = require("async_hooks")
 local H = require("helpers")
 local AsyncLocal = ah.AsyncLocal
 
+describe("the module", function()
+  it("has a version and keeps the C core private", function()
+    assert.is_string(ah._VERSION)
+    local f = assert(io.open("rockspec/async-hooks-scm-1.rockspec"))
+    local version = f:read("a"):match('\nversion%s*=%s*"([^"]+)"')
+    f:close()
+    assert.equal(version, ah._VERSION)
+    assert.is_nil(ah.core)
+    assert.equal("lua54", ah.backend)
+  end)
+
+  it("every public class and function carries LuaLS annotations and an LDoc comment", function()
+    local f = assert(io.open("lua/async_hooks/api.lua"))
+    local lines = {}
+    for line in f:lines() do lines[#lines + 1] = line end
+    f:close()
+    -- the comment block right above line i
+    local function block_above(i)
+      local b = {}
+      for j = i - 1, 1, -1 do
+        if not lines[j]:match("^%s*%-%-") then break end
+        b[#b + 1] = lines[j]
+      end
+      return table.concat(b, "\n")
+    end
+    local function definition(owner, key)
+      for i, line in ipairs(lines) do
+        local defined = line:match("^%s*function " .. owner .. "[.:]" .. key .. "%(")
+          or line:match("^%s*" .. owner .. "%." .. key .. " = ")
+        if defined then return i end
+      end
+    end
+    local classes = { AsyncLocal = ah.AsyncLocal, AsyncLocalStorage = ah.AsyncLocalStorage, Snapshot = ah.Snapshot,
+      AsyncResource = ah.AsyncResource, AsyncHook = getmetatable(ah.createHook {}) }
+    local checked = 0
+    local function check(owner, key)
+      local i = definition(owner, key)
+      assert.is_not_nil(i, owner .. "." .. key .. " not found")
+      local doc = block_above(i)
+      assert.matches("%-%-%- %S", doc, nil, false, owner .. "." .. key .. ": no LDoc comment")
+      assert.matches("%-%-%-@%a", doc, nil, false, owner .. "." .. key .. ": no LuaLS annotation")
+      checked = checked + 1
+    end
+    for name, class in pairs(classes) do
+      local i
+      for j, line in ipairs(lines) do if line:match("^%s*local " .. name .. " = {") then i = j end end
+      assert.is_not_nil(i, name)
+      assert.matches("%-%-%-@class " .. name, block_above(i))
+      for key, v in pairs(class) do
+        if type(v) == "function" then check(name, key) end
+      end
+    end
+    for key, v in pairs(ah) do
+      if type(v) == "function" or key == "coroutine" or key == "luv_covered" or key == "backend" then check("M", key) end
+    end
+    assert.is_true(checked >= 35)
+  end)
+
+  it("is one module per state: loading every file again returns the same classes", function()
+    for _, name in ipairs { "async_hooks", "async_hooks.api", "async_hooks.backend.lua54", "async_hooks.core" } do
+      package.loaded[name] = nil
+    end
+    local again = require("async_hooks")
+    assert.equal(ah, again)
+    assert.equal(AsyncLocal, again.AsyncLocal)
+  end)
+end)
+
 describe("AsyncLocal", function()
   it("has a name and a default", function()
     local v = AsyncLocal.new { name = "req", default = 7 }
@@ -215,6 +283,31 @@ describe("AsyncLocal", function()
     it("new with bad options", function()
       assert.error_matches(function() AsyncLocal.new(5) end, "bad argument #1 to 'new' %(table or nil expected, got number%)")
       assert.error_matches(function() AsyncLocal.new { name = 5 } end, "opts.name must be a string")
+    end)
+
+    it("new with a typo or called with ':' names the problem and the accepted keys, at the caller's line", function()
+      assert.equal("bad argument #1 to 'new' (unknown option 'defualt'; accepted: name, default)",
+        H.raised_here(function() AsyncLocal.new { defualt = 1 } end))
+      assert.equal("bad argument #1 to 'new' (table or nil expected, got class AsyncLocal (call with '.', not ':'))",
+        H.raised_here(function() AsyncLocal:new() end))
+      assert.equal("bad argument #1 to 'new' (unknown option 'default'; accepted: name, defaultValue)",
+        H.raised_here(function() ah.AsyncLocalStorage.new { default = 1 } end))
+    end)
+
+    it("getStore and enterWith name AsyncLocalStorage, get and set name AsyncLocal", function()
+      local als, v = ah.AsyncLocalStorage.new(), AsyncLocal.new()
+      assert.equal("calling 'getStore' on bad self (AsyncLocalStorage expected, got number)",
+        H.raised_here(function() als.getStore(1) end))
+      assert.equal("calling 'enterWith' on bad self (AsyncLocalStorage expected, got table)",
+        H.raised_here(function() als.enterWith({}, 1) end))
+      assert.equal("calling 'get' on bad self (AsyncLocal expected, got boolean)",
+        H.raised_here(function() v.get(true) end))
+      assert.equal("calling 'set' on bad self (AsyncLocal expected, got Snapshot)",
+        H.raised_here(function() v.set(ah.Snapshot.new(), 1) end))
+      -- the getters stay the C functions themselves: no Lua frame on the hot path
+      assert.equal("C", debug.getinfo(v.get, "S").what)
+      assert.equal("C", debug.getinfo(als.getStore, "S").what)
+      assert.equal(AsyncLocal.get, v.get)
     end)
 
     it("a failing call leaves the state intact", function()

@@ -82,6 +82,63 @@ describe("Snapshot", function()
   end)
 end)
 
+describe("Snapshot.empty", function()
+  it("runs fn in the empty frame: every value at its default, also inside what it creates", function()
+    local v = AsyncLocal.new { default = "d" }
+    local als = ALS.new { defaultValue = "dv" }
+    local got = v:run("req-1", function()
+      als:enterWith("store")
+      return { ah.Snapshot.empty():run(function()
+        local inner = co.wrap(function() return v:get(), als:getStore() end)
+        return v:get(), als:getStore(), inner()
+      end) }
+    end)
+    assert.same({ "d", "dv", "d", "dv" }, got)
+  end)
+
+  it("restores the current context afterwards, also on error, and a set inside ends with it", function()
+    local v = AsyncLocal.new()
+    v:run("outer", function()
+      local e = {}
+      local ok, err = pcall(ah.Snapshot.empty().run, ah.Snapshot.empty(), function() v:set("inner"); error(e) end)
+      assert.is_false(ok)
+      assert.equal(e, err)
+      assert.equal("outer", v:get())
+      ah.Snapshot.empty():run(function() v:set("inner") end)
+      assert.equal("outer", v:get())
+    end)
+  end)
+
+  it("is the same context wherever it is taken", function()
+    local v = AsyncLocal.new()
+    local a = ah.Snapshot.empty()
+    local b = v:run(1, ah.Snapshot.empty)
+    local c = co.wrap(function() v:set(2); return ah.Snapshot.empty() end)()
+    for _, s in ipairs { a, b, c } do
+      assert.equal(getmetatable(a), getmetatable(s))
+      assert.is_nil(s:run(function() return v:get() end))
+    end
+    assert.equal(require("async_hooks.core").empty_frame(), a.frame)
+  end)
+
+  it("the pooled-connection example: the reader no longer logs request 1's id for request 2's data", function()
+    local code, out, err = H.run_lua('dofile("examples/pooled_connection.lua")')
+    assert.equal(0, code, err)
+    assert.equal(table.concat({
+      "pool opened inside request 1:",
+      "  [req-1] reader got q1",
+      "  [req-1] reply q1",
+      "  [req-1] reader got q2",
+      "  [req-2] reply q2",
+      "pool opened in Snapshot.empty():",
+      "  [-] reader got q1",
+      "  [req-1] reply q1",
+      "  [-] reader got q2",
+      "  [req-2] reply q2",
+    }, "\n") .. "\n", out)
+  end)
+end)
+
 describe("AsyncLocalStorage", function()
   it("getStore / run / name / defaultValue", function()
     local als = ALS.new { name = "als", defaultValue = "dv" }

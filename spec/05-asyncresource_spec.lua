@@ -196,6 +196,29 @@ describe("AsyncResource", function()
     assert.equal(1, ah.executionAsyncId())
   end)
 
+  it("bad-self errors of every method point at the caller's line", function()
+    local where = {
+      runInAsyncScope = H.raised_here(function() AsyncResource.runInAsyncScope(5, print) end),
+      emitDestroy = H.raised_here(function() AsyncResource.emitDestroy(5) end),
+      asyncId = H.raised_here(function() AsyncResource.asyncId(5) end),
+      triggerAsyncId = H.raised_here(function() AsyncResource.triggerAsyncId(5) end),
+    }
+    for m, msg in pairs(where) do
+      assert.equal(("calling '%s' on bad self (AsyncResource expected, got number)"):format(m), msg)
+    end
+  end)
+
+  it("options: the type given is named, typos are refused", function()
+    assert.equal("bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got string)",
+      H.raised_here(function() AsyncResource.new("X", { triggerAsyncId = "5" }) end))
+    assert.equal("bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got -2)",
+      H.raised_here(function() AsyncResource.new("X", { triggerAsyncId = -2 }) end))
+    assert.equal("bad argument #2 to 'new' (unknown option 'trigerAsyncId'; accepted: triggerAsyncId, requireManualDestroy)",
+      H.raised_here(function() AsyncResource.new("X", { trigerAsyncId = 1 }) end))
+    assert.equal(3, AsyncResource.new("X", { triggerAsyncId = 3.0 }):triggerAsyncId())
+    assert.equal(math.type(3), math.type(AsyncResource.new("X", 3.0):triggerAsyncId()))
+  end)
+
   -- test-async-hooks-prevent-double-destroy
   it("destroy is delivered once, also when emitDestroy is followed by GC", function()
     local count = 0

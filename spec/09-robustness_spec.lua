@@ -64,6 +64,116 @@ describe("bad input", function()
     assert.is_false(ah.installed())
   end)
 
+  -- each case is a one-line function whose bad call is a statement: the
+  -- error must be positioned at that very line of this file (issue 10 #9)
+  it("every error carries the position of the user's call, at every entry point", function()
+    local v, als = ah.AsyncLocal.new(), ah.AsyncLocalStorage.new()
+    local r, s, h = ah.AsyncResource.new("X"), ah.Snapshot.new(), ah.createHook {}
+    local runner = ah.AsyncLocalStorage.snapshot()
+    local AL, ALS, AR, Snap = ah.AsyncLocal, ah.AsyncLocalStorage, ah.AsyncResource, ah.Snapshot
+    local cases = {
+      { function() AL.new(42) end, "^bad argument #1 to 'new' %(table or nil expected, got number%)$" },
+      { function() AL.new { name = 5 } end, "^bad argument #1 to 'new' %(opts.name must be a string, got number%)$" },
+      { function() AL.new { defualt = 1 } end, "unknown option 'defualt'; accepted: name, default" },
+      { function() AL:new() end, "got class AsyncLocal %(call with '%.', not ':'%)" },
+      { function() v.get(5) end, "^calling 'get' on bad self %(AsyncLocal expected, got number%)$" },
+      { function() v.set(nil, 1) end, "^calling 'set' on bad self %(AsyncLocal expected, got nil%)$" },
+      { function() v:run(1) end, "^bad argument #2 to 'run' %(function expected, got nil%)$" },
+      { function() v.run({}, 1, print) end, "^calling 'run' on bad self %(AsyncLocal expected, got table%)$" },
+      { function() v.disable("x") end, "^calling 'disable' on bad self %(AsyncLocal expected, got string%)$" },
+      { function() ALS.new(42) end, "^bad argument #1 to 'new' %(table or nil expected, got number%)$" },
+      { function() ALS.new { default = 1 } end, "unknown option 'default'; accepted: name, defaultValue" },
+      { function() ALS:new() end, "got class AsyncLocalStorage" },
+      { function() als.getStore() end, "^calling 'getStore' on bad self %(AsyncLocalStorage expected, got no value%)$" },
+      { function() als.enterWith(1, 2) end, "^calling 'enterWith' on bad self %(AsyncLocalStorage expected, got number%)$" },
+      { function() als:run(1, "f") end, "^bad argument #2 to 'run' %(function expected, got string%)$" },
+      { function() als.run(r, 1, print) end, "^calling 'run' on bad self %(AsyncLocalStorage expected, got AsyncResource%)$" },
+      { function() als:exit() end, "^bad argument #1 to 'exit' %(function expected, got nil%)$" },
+      { function() als.exit(s, print) end, "^calling 'exit' on bad self %(AsyncLocalStorage expected, got Snapshot%)$" },
+      { function() als.disable(1) end, "^calling 'disable' on bad self %(AsyncLocalStorage expected, got number%)$" },
+      { function() ALS.bind(nil) end, "^bad argument #1 to 'bind' %(function expected, got nil%)$" },
+      { function() runner(1) end, "^bad argument #1 to 'snapshot' %(function expected, got number%)$" },
+      { function() s:run(nil) end, "^bad argument #1 to 'run' %(function expected, got nil%)$" },
+      { function() Snap.run(r, print) end, "^calling 'run' on bad self %(Snapshot expected, got AsyncResource%)$" },
+      { function() Snap.wrap(1) end, "^bad argument #1 to 'wrap' %(function expected, got number%)$" },
+      { function() ah.createHook("x") end, "^bad argument #1 to 'createHook' %(table expected, got string%)$" },
+      { function() ah.createHook { inti = print } end, "unknown option 'inti'; accepted: init, before, after, destroy" },
+      { function() ah.createHook { init = "x" } end, "hook.init must be a function, got string" },
+      { function() h.enable(5) end, "^calling 'enable' on bad self %(AsyncHook expected, got number%)$" },
+      { function() h.disable() end, "^calling 'disable' on bad self %(AsyncHook expected, got nil%)$" },
+      { function() AR.new(42) end, "^bad argument #1 to 'new' %(non%-empty string expected, got number%)$" },
+      { function() AR:new("X") end, "got class AsyncResource" },
+      { function() AR.new("X", true) end, "^bad argument #2 to 'new' %(number, table or nil expected, got boolean%)$" },
+      { function() AR.new("X", { triggerAsyncId = "5" }) end, "triggerAsyncId must be an integer >= %-1, got string%)$" },
+      { function() AR.new("X", { trigerAsyncId = 1 }) end,
+        "unknown option 'trigerAsyncId'; accepted: triggerAsyncId, requireManualDestroy" },
+      { function() AR.new("X", { requireManualDestroy = 1 }) end, "requireManualDestroy must be a boolean, got number" },
+      { function() r.runInAsyncScope({}, print) end, "^calling 'runInAsyncScope' on bad self %(AsyncResource expected, got table%)$" },
+      { function() r:runInAsyncScope(nil) end, "^bad argument #1 to 'runInAsyncScope' %(function expected, got nil%)$" },
+      { function() r.emitDestroy({}) end, "^calling 'emitDestroy' on bad self %(AsyncResource expected, got table%)$" },
+      { function() r.asyncId(5) end, "^calling 'asyncId' on bad self %(AsyncResource expected, got number%)$" },
+      { function() r.triggerAsyncId(v) end, "^calling 'triggerAsyncId' on bad self %(AsyncResource expected, got AsyncLocal%)$" },
+      { function() r:bind(nil) end, "^bad argument #1 to 'bind' %(function expected, got nil%)$" },
+      { function() AR.bind(42) end, "^bad argument #1 to 'bind' %(function expected, got number%)$" },
+      { function() AR.bind(print, "") end, "^bad argument #2 to 'bind' %(non%-empty string or nil expected, got string%)$" },
+      { function() ah.install("x") end, "^bad argument #1 to 'install' %(table or nil expected, got string%)$" },
+      { function() ah:install() end, "got the async_hooks module %(call with '%.', not ':'%)" },
+      { function() ah.install { luv = 5 } end, "^bad argument #1 to 'install' %(luv module in opts.luv expected, got number%)$" },
+      { function() ah.install { luv = {} } end, "luv module in opts.luv expected, got a table without 'new_check'" },
+      { function() ah.install { lvu = uv } end, "unknown option 'lvu'; accepted: luv" },
+      { function() co.create({}) end, "function expected" },
+      { function() co.resume("x") end, "coroutine expected" },
+      { function() co.wrap(nil) end, "function expected" },
+      { function() co.close(nil) end, "coroutine expected" },
+    }
+    for i, c in ipairs(cases) do
+      local msg = H.raised_here(c[1])
+      assert.matches(c[2], msg, nil, false, "case " .. i)
+      state_intact()
+    end
+    assert.is_false(ah.installed())
+  end)
+
+  it("option typos name the key and the accepted keys", function()
+    local function msg(f) local _, e = pcall(f); return e end
+    assert.matches("bad argument #1 to 'new' %(unknown option 'defualt'; accepted: name, default%)",
+      msg(function() ah.AsyncLocal.new { defualt = 1 } end))
+    assert.matches("unknown option 1;", msg(function() ah.AsyncLocal.new { 1 } end))
+    assert.matches("bad argument #2 to 'new' %(unknown option 'trigerAsyncId'",
+      msg(function() ah.AsyncResource.new("T", { trigerAsyncId = 1 }) end))
+    -- the accepted keys themselves still work
+    assert.equal(7, ah.AsyncLocal.new { name = "n", default = 7 }:get())
+    assert.equal(8, ah.AsyncLocalStorage.new { name = "n", defaultValue = 8 }:getStore())
+    assert.equal(-1, ah.AsyncResource.new("T", { triggerAsyncId = -1, requireManualDestroy = true }):triggerAsyncId())
+  end)
+
+  it("a callable table is a function everywhere, hooks included", function()
+    local calls = {}
+    local function callable(name)
+      return setmetatable({}, { __call = function(_, ...) calls[#calls + 1] = { name, ... } return name end })
+    end
+    local h = ah.createHook { init = callable("init"), before = callable("before"),
+      after = callable("after"), destroy = callable("destroy") }:enable()
+    local r = ah.AsyncResource.new("T")
+    r:runInAsyncScope(function() end)
+    r:emitDestroy()
+    h:disable()
+    local id = r:asyncId()
+    assert.same({ { "init", id, "T", ah.executionAsyncId(), r }, { "before", id }, { "after", id }, { "destroy", id } },
+      calls)
+    -- __call that is itself a callable table: accepted, as by the C core
+    local inner = callable("inner")
+    local outer = setmetatable({}, { __call = inner })
+    assert.has_no.errors(function() ah.createHook { init = outer } end)
+    local v = ah.AsyncLocal.new()
+    assert.equal("inner", v:run(1, callable("inner")))
+    assert.equal("inner", ah.Snapshot.new():run(callable("inner")))
+    -- a __call behind __metatable still counts (raw metatable, as in C)
+    local hidden = setmetatable({}, { __call = function() return "hidden" end, __metatable = false })
+    assert.equal("hidden", v:run(1, hidden))
+    assert.equal("hidden", ah.AsyncLocalStorage.new():exit(hidden))
+  end)
+
   it("huge counts: a trigger id at the integer limits", function()
     local r = ah.AsyncResource.new("X", math.maxinteger)
     assert.equal(math.maxinteger, r:triggerAsyncId())
@@ -83,6 +193,137 @@ describe("bad input", function()
     end
     assert.equal("deep", nest(1))
     for k = 1, 300 do assert.is_nil(locals[k]:get()) end
+  end)
+end)
+
+describe("the api layer under LuaJIT", function()
+  -- api.lua is shared with the OpenResty backend: Lua 5.1 syntax, and the
+  -- same checks, messages and positions under LuaJIT (a stub backend here)
+  it("loads in LuaJIT and raises the same errors at the caller's line", function()
+    local src = debug.getinfo(1, "S").source:sub(2):gsub("spec/09%-robustness_spec%.lua$", "")
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      package.path = %q .. "lua/?.lua;" .. package.path
+      local nop = function() end
+      local B = { name = "stub", persist = {}, install_options = { luv = true }, coroutine = coroutine }
+      for _, k in ipairs { "current_frame", "empty_frame", "executionAsyncId", "triggerAsyncId",
+        "executionAsyncResource", "emit_init", "emit_destroy", "gc_token_cancel", "hook_enable", "hook_disable",
+        "uninstall", "install" } do B[k] = nop end
+      B.newtoken = function() return {} end
+      B.getter = function() return function(self) return self.default end end
+      B.setter = function() return nop end
+      B.run_with = function(_, _, fn, ...) return fn(...) end
+      B.run_in_frame = function(_, fn, ...) return fn(...) end
+      B.run_in_scope = function(_, _, _, _, fn, ...) return fn(...) end
+      local n = 1
+      B.new_ids = function(t) n = n + 1; return n, t or 1 end
+      B.hook_count = function() return 0 end
+      B.installed = function() return false end
+      local ah = require("async_hooks.api")(B)
+      assert(require("async_hooks.api")(B) == ah, "one module per backend")
+      local function msg(f) local ok, e = pcall(f); assert(not ok); return e end
+      print(msg(function() ah.AsyncLocal.new(42) end))
+      print(msg(function() ah.AsyncLocal.new { defualt = 1 } end))
+      print(msg(function() ah.AsyncResource.new("X", 2.5) end))
+      print(ah.AsyncResource.new("X", 2.0):triggerAsyncId())
+      print(msg(function() ah.AsyncResource.new("X", 2 ^ 60) end))
+      local callable = setmetatable({}, { __call = function(_, x) return "called " .. x end })
+      print(ah.AsyncLocal.new():run(1, callable, "run"))
+      print(msg(function() ah.createHook { init = 1 } end))
+      print(ah.createHook { init = callable }.init == callable)
+      print(msg(function() ah.install { lvu = 1 } end))
+    ]]):format(src))
+    f:close()
+    local p = io.popen(("luajit %s 2>&1"):format(script))
+    local out = p:read("a")
+    local ok = p:close()
+    os.remove(script)
+    assert.is_true(ok, out)
+    local name = script:match("[^/]+$")
+    local expected = {
+      "%s:20: bad argument #1 to 'new' (table or nil expected, got number)",
+      "%s:21: bad argument #1 to 'new' (unknown option 'defualt'; accepted: name, default)",
+      "%s:22: bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got 2.5)",
+      "2",
+      "%s:24: bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got 1.1529215046068e+18)",
+      "called run",
+      "%s:27: bad argument #1 to 'createHook' (hook.init must be a function, got number)",
+      "true",
+      "%s:29: bad argument #1 to 'install' (unknown option 'lvu'; accepted: luv)",
+    }
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = (line:gsub("^.-" .. name:gsub("%p", "%%%0"), "%%s")) end
+    assert.same(expected, lines)
+  end)
+end)
+
+describe("install / uninstall", function()
+  after_each(state_intact)
+
+  it("install checks everything first: when it raises, nothing is patched", function()
+    local orig = {}
+    for k, f in pairs(coroutine) do orig[k] = f end
+    local preload = package.preload.luv
+    local bad = { { luv = {} }, { luv = { new_check = print } }, { luv = 5 }, { luv = uv, lvu = 1 }, { coroutine = true } }
+    for i, opts in ipairs(bad) do
+      assert.has_error(function() ah.install(opts) end, nil, "case " .. i)
+      for k, f in pairs(orig) do assert.equal(f, coroutine[k], "case " .. i .. ": coroutine." .. k) end
+      assert.is_false(ah.installed(), "case " .. i)
+      assert.equal(preload, package.preload.luv, "case " .. i)
+      assert.is_false(core.luv_attached(), "case " .. i)
+    end
+  end)
+
+  -- hosts that bundle luv register it in package.preload (issue 10 #5)
+  local HOST = [[
+    local ah = require("async_hooks")
+    local open_luv = assert(package.searchers[3]("luv"))
+    local loads = 0
+    local function host_loader(...) loads = loads + 1; return open_luv(...) end
+    package.preload.luv = host_loader
+  ]]
+
+  it("install() chains to the host's package.preload.luv and restores it once luv is loaded", function()
+    local code, out, err = H.run_lua(HOST .. [[
+      ah.install()
+      assert(package.preload.luv ~= host_loader, "luv not hooked")
+      local uv = require("luv")
+      assert(loads == 1, "the host's loader was not used")
+      assert(package.preload.luv == host_loader, "the host's loader was not restored")
+      assert(require("async_hooks.core").luv_attached(), "luv not integrated")
+      local v = ah.AsyncLocal.new()
+      local got
+      local t = uv.new_timer()
+      v:run("ctx", function() t:start(1, 0, function() got = v:get(); t:close() end) end)
+      uv.run()
+      ah.uninstall()
+      assert(package.preload.luv == host_loader)
+      print(got)
+    ]])
+    assert.equal(0, code, err)
+    assert.equal("ctx\n", out)
+  end)
+
+  it("uninstall() before luv is required restores the host's package.preload.luv", function()
+    local code, out, err = H.run_lua(HOST .. [[
+      ah.install()
+      ah.install()
+      ah.uninstall()
+      assert(package.preload.luv == host_loader, "the host's loader was lost")
+      local uv = require("luv")
+      assert(loads == 1)
+      assert(not require("async_hooks.core").luv_attached(), "luv integrated after uninstall")
+      assert(type(uv.new_timer) == "function")
+      -- without a host loader, uninstall leaves no preload entry behind
+      package.loaded.luv, package.preload.luv = nil, nil
+      ah.install()
+      ah.uninstall()
+      assert(package.preload.luv == nil)
+      print("ok")
+    ]])
+    assert.equal(0, code, err)
+    assert.equal("ok\n", out)
   end)
 end)
 

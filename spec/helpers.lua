@@ -1,7 +1,18 @@
 -- Shared helpers for the specs.
 local H = {}
 
---- Run a Lua snippet in a fresh lua5.4 process with the same module paths.
+--- The command of the Lua interpreter running these specs (busted's own
+-- `arg`: the interpreter is its most negative index, e.g. `lua5.4` for
+-- `lua5.4 /usr/bin/busted`), quoted for the shell.
+function H.lua_cmd()
+  local i = -1
+  while arg and arg[i - 1] do i = i - 1 end
+  local lua = assert(arg and arg[i], "no interpreter in arg[]")
+  return "'" .. lua:gsub("'", "'\\''") .. "'"
+end
+
+--- Run a Lua snippet in a fresh process of the running interpreter, with the
+-- same module paths.
 -- @return exit status, stdout, stderr
 function H.run_lua(code)
   local path = os.tmpname()
@@ -10,7 +21,7 @@ function H.run_lua(code)
   f:close()
   local out, err = path .. ".out", path .. ".err"
   -- the subprocess exits without lua_close on purpose: no leak report
-  local cmd = ("ASAN_OPTIONS=detect_leaks=0 lua5.4 %s >%s 2>%s"):format(path, out, err)
+  local cmd = ("ASAN_OPTIONS=detect_leaks=0 %s %s >%s 2>%s"):format(H.lua_cmd(), path, out, err)
   local ok, how, status = os.execute(cmd)
   local function slurp(p)
     local h = io.open(p)
@@ -50,6 +61,21 @@ function H.hook_tracker()
     hooks = {}
   end
   return track, untrack
+end
+
+--- The error that `f` raises, after checking that its position is `f`'s
+-- own line in the spec file: `f` must be a one-line function that makes the
+-- bad call as a statement (not a tail call).
+function H.raised_here(f)
+  local info = debug.getinfo(f, "S")
+  if info.linedefined ~= info.lastlinedefined then error("H.raised_here: one-line function expected", 2) end
+  local ok, err = pcall(f)
+  if ok then error(("no error raised by the call at line %d"):format(info.linedefined), 2) end
+  local where = ("%s:%d: "):format(info.short_src, info.linedefined)
+  if type(err) ~= "string" or err:sub(1, #where) ~= where then
+    error(("error not positioned at the caller's line %s: %s"):format(where, tostring(err)), 2)
+  end
+  return err:sub(#where + 1)
 end
 
 --- Full garbage collection, twice (finalizers, then what they freed).

@@ -152,7 +152,8 @@ extern const luaL_Reg ah_scope_funcs[];
 void ah_open_coro(lua_State *L);
 extern const luaL_Reg ah_coro_funcs[];
 
-/* luv.c */
+/* luv.c, luv_dispatch.c */
+int ah_luv_resource(lua_State *L, ah_state *st, int s);
 extern const luaL_Reg ah_luv_funcs[];
 
 #endif

@@ -157,6 +157,24 @@ int ah_callable(lua_State *L, int idx) {
   return 1;
 }
 
+/* The closure made by enterer(message) raises message(v, value, fn) (a
+** string) at its caller's caller instead of its own messages. */
+#define AH_UV_MESSAGE lua_upvalueindex(AH_NUP + 1)
+
+static int enter_error(lua_State *L, const char *fmt, int idx) {
+  if (lua_type(L, AH_UV_MESSAGE) != LUA_TFUNCTION)
+    return caller_error(L, fmt, "run", idx);
+  lua_pushvalue(L, AH_UV_MESSAGE);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_call(L, 3, 1);
+  luaL_where(L, 2);
+  lua_insert(L, -2);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 /* enter(v, value, fn) -> previous frame: the scope entry of run(); the
 ** caller holds the result in a to-be-closed variable, whose __close
 ** restores it.  Checks its arguments in the name of 'run'. */
@@ -165,11 +183,9 @@ static int l_enter(lua_State *L) {
   int s;
   lua_settop(L, 3);
   if (!token_of(L, 1))
-    return caller_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)",
-                        "run", 1);
+    return enter_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)", 1);
   if (!ah_callable(L, 3))
-    return caller_error(L, "bad argument #2 to '%s' (function expected, got %s)",
-                        "run", 3);
+    return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s); /* 5: previous */
   push_frame_with(L, s, 4, 2); /* 6 */
@@ -223,23 +239,36 @@ static int l_empty_frame(lua_State *L) {
   return 1;
 }
 
-/* getter(method, class) / setter(method, class): get / set as a closure
-** whose bad-self error names that method and class */
-static int accessor(lua_State *L, lua_CFunction f) {
+/* f as a closure with the shared upvalues and then the n arguments */
+static int closure_with(lua_State *L, lua_CFunction f, int n) {
   int i;
-  luaL_checkstring(L, 1);
-  luaL_checkstring(L, 2);
-  lua_settop(L, 2);
-  luaL_checkstack(L, AH_NUP + 2, NULL);
+  lua_settop(L, n);
+  luaL_checkstack(L, AH_NUP + n, NULL);
   for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_pushcclosure(L, f, AH_NUP + 2);
+  for (i = 1; i <= n; i++) lua_pushvalue(L, i);
+  lua_pushcclosure(L, f, AH_NUP + n);
   return 1;
 }
 
-static int l_getter(lua_State *L) { return accessor(L, l_get); }
-static int l_setter(lua_State *L) { return accessor(L, l_set); }
+/* getter(method, class) / setter(method, class): get / set as a closure
+** whose bad-self error names that method and class */
+static int l_getter(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  return closure_with(L, l_get, 2);
+}
+
+static int l_setter(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  return closure_with(L, l_set, 2);
+}
+
+/* enterer(message): enter whose errors are message(v, value, fn) */
+static int l_enterer(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  return closure_with(L, l_enter, 1);
+}
 
 /* number of live entries of a frame (tests and benchmarks) */
 static int l_frame_size(lua_State *L) {
@@ -263,6 +292,7 @@ const luaL_Reg ah_frame_funcs[] = {
   {"empty_frame", l_empty_frame},
   {"getter", l_getter},
   {"setter", l_setter},
+  {"enterer", l_enterer},
   {"newtoken", l_newtoken},
   {"frame_size", l_frame_size},
   {NULL, NULL}

@@ -169,10 +169,15 @@ static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
   }
 }
 
-/* push a new record for the callback at pos, in the context of slot s */
+/* push a new record for the callback at pos, in the context of slot s
+** (n arguments) */
 static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
-                          int pos, int s, int handle_idx) {
-  ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N);
+                          int pos, int s, int handle_idx, int n) {
+  int eager = st->nhooks[AH_INIT] || st->res_on || sp->kind == W_CREATE;
+  int a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
+  int a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
+  ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec),
+                                          RV_N + (eager ? 0 : sp->nf));
   int rec = lua_gettop(L);
   r->lv = (const ah_luv *)lua_touserdata(L, W_LV);
   r->id = 0;
@@ -187,17 +192,19 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   lua_rawgeti(L, AH_UV_F, s);
   r->frame = lua_topointer(L, -1);
   lua_setiuservalue(L, rec, RV_FRAME);
-  if (st->nhooks[AH_INIT] || st->res_on || sp->kind == W_CREATE) {
-    ah_luv_new_resource(L, handle_idx);
+  if (eager) {
+    ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2);
     if (sp->kind == W_CREATE) { /* the handle comes later: make the key */
       lua_pushboolean(L, 0);
       lua_setfield(L, -2, "handle");
     }
     r->flags |= REC_RES;
-  } else if (handle_idx) {
-    lua_pushvalue(L, handle_idx);
-  } else {
-    lua_pushnil(L);
+  } else { /* what a resource made later needs */
+    if (a1) lua_pushvalue(L, a1); else lua_pushnil(L);
+    lua_setiuservalue(L, rec, RV_A1);
+    if (a2) lua_pushvalue(L, a2); else lua_pushnil(L);
+    lua_setiuservalue(L, rec, RV_A1 + 1); /* ignored when there is none */
+    if (handle_idx) lua_pushvalue(L, handle_idx); else lua_pushnil(L);
   }
   lua_setiuservalue(L, rec, RV_RES);
   return r;
@@ -212,7 +219,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   int res = st->nhooks[AH_INIT] || st->res_on;
   lua_Integer id, old;
   lua_pushvalue(L, pos); /* n+2 (Lua guarantees LUA_MINSTACK free slots) */
-  if (res) ah_luv_new_resource(L, 1); else lua_pushnil(L); /* n+3 */
+  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); else lua_pushnil(L); /* n+3 */
   lua_pushvalue(L, n + 1);
   lua_replace(L, pos);
   id = st->next_id++;
@@ -252,7 +259,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
   if (keep) keep = slot_reserve(L, lv, 1, sp->slot);
-  r = new_record(L, st, sp, pos, s, handle_idx); /* n+1 */
+  r = new_record(L, st, sp, pos, s, handle_idx, n); /* n+1 */
   if (sp->fn) {
     ((ah_luv *)lua_touserdata(L, W_LV))->closures = 1;
     ah_push_shared(L);
@@ -318,43 +325,57 @@ static int wrapped(lua_State *L) {
 
 static ah_luv *luv_state(lua_State *L);
 
-/* luv_wrap(orig, op, pos, alt, kind, type|nil, slot, fn) -> wrapper */
+/* luv_wrap(orig, op, pos, alt, kind, type|nil, slot, fn, fields|nil)
+** -> wrapper.  op names the resource (field `op`); fields {name, position,
+** ...} names up to two arguments copied into it (`path`, `host`, ...). */
 static int l_luv_wrap(lua_State *L) {
   lua_CFunction f = lua_tocfunction(L, 1);
   lua_Integer pos = luaL_checkinteger(L, 3), alt = luaL_optinteger(L, 4, 0);
   lua_Integer kind = luaL_checkinteger(L, 5), slot = luaL_optinteger(L, 7, 0);
   ah_spec *sp;
-  int sp_fn;
+  int i;
   luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
                    "C function without upvalues");
   luaL_checktype(L, 2, LUA_TSTRING);
   luaL_argcheck(L, pos > 0 && pos < 16 && alt >= 0 && alt < 16, 3, "bad position");
   luaL_argcheck(L, kind >= W_HANDLE && kind <= W_WORK, 5, "bad kind");
   if (!lua_isnil(L, 6)) luaL_checktype(L, 6, LUA_TSTRING);
-  sp_fn = lua_toboolean(L, 8);
-  lua_settop(L, 7);
-  luv_state(L); /* 8 */
-  lua_getiuservalue(L, 8, LV_SPECS); /* 9 */
-  sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 10 */
+  if (!lua_isnoneornil(L, 9)) luaL_checktype(L, 9, LUA_TTABLE);
+  lua_settop(L, 9);
+  luv_state(L); /* 10 */
+  lua_getiuservalue(L, 10, LV_SPECS); /* 11 */
+  sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 12 */
   sp->orig = f;
   sp->kind = (int)kind;
   sp->pos = (int)pos;
   sp->alt = (int)alt;
   sp->slot = (int)slot;
-  sp->fn = sp_fn;
+  sp->fn = lua_toboolean(L, 8);
+  sp->nf = 0;
+  for (i = 0; i < 2 && lua_istable(L, 9); i++) {
+    lua_Integer fp;
+    if (lua_rawgeti(L, 9, 2 * i + 1) == LUA_TNIL) { lua_pop(L, 1); break; }
+    luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 9, "bad field name");
+    lua_setiuservalue(L, 12, SP_F1 + i);
+    lua_rawgeti(L, 9, 2 * i + 2);
+    fp = lua_tointeger(L, -1);
+    luaL_argcheck(L, fp >= 1 && fp < 16, 9, "bad field position");
+    lua_pop(L, 1);
+    sp->f[i] = (int)fp;
+    sp->nf = i + 1;
+  }
   lua_pushvalue(L, 2);
-  lua_setiuservalue(L, 10, SP_OP);
+  lua_setiuservalue(L, 12, SP_OP);
   lua_pushvalue(L, 6);
-  lua_setiuservalue(L, 10, SP_TYPE);
-  lua_pushvalue(L, 10);
-  lua_rawsetp(L, 9, sp); /* anchored for the life of the state */
+  lua_setiuservalue(L, 12, SP_TYPE);
+  lua_pushvalue(L, 12);
+  lua_rawsetp(L, 11, sp); /* anchored for the life of the state */
   ah_push_shared(L);
+  lua_pushvalue(L, 12);
   lua_pushvalue(L, 10);
-  lua_pushvalue(L, 8);
   lua_pushcclosure(L, wrapped, W_NUP);
   return 1;
 }
-
 
 /* luv_wrap_run(run) -> the library's uv.run (see luv_dispatch.c) */
 static int l_luv_wrap_run(lua_State *L) {

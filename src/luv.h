@@ -49,11 +49,14 @@ typedef struct ah_spec {
   int pos, alt; /* callback position; alternative when pos is nil/absent */
   int slot;     /* callback slot of handle registrations (1-based) */
   int fn;       /* luv accepts only a function there: a record closure */
+  int nf, f[2]; /* named arguments copied into the resource: positions */
 } ah_spec;
-enum { SP_OP = 1, SP_TYPE, SP_NUV = SP_TYPE };
+/* user values: op name, resource type (or nil), names of the named args */
+enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2, SP_NUV = SP_F2 };
 
 /* A registration.  User values: the callback, the frame, the resource
-** table (REC_RES set) or else the handle (or nil). */
+** table (REC_RES set) or else the handle (or nil), then (specs with named
+** arguments, resource not made) the values of those arguments. */
 typedef struct ah_rec {
   const struct ah_luv *lv; /* marks a record of this state */
   lua_Integer id, trigger;
@@ -61,7 +64,7 @@ typedef struct ah_rec {
   const void *frame; /* identity of the frame user value */
   unsigned char flags;
 } ah_rec;
-enum { RV_CB = 1, RV_FRAME, RV_RES, RV_N = RV_RES };
+enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
   REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */
   REC_RES = 2,     /* RV_RES holds the resource (else the handle) */
@@ -79,7 +82,7 @@ int ah_luv_run(lua_State *L);
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);
 void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
-void ah_luv_new_resource(lua_State *L, int handle_idx);
+void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
 void ah_luv_closures(lua_State *L, int lvi);
 
 #endif

@@ -91,23 +91,86 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
 }
 
 /* push a new resource table for the record being made: {handle = h} */
-void ah_luv_new_resource(lua_State *L, int handle_idx) {
-  lua_createtable(L, 0, 2);
-  if (handle_idx) {
+void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
+                         int a2) {
+  int i, v[2];
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, spec);
+  spec = lua_absindex(L, spec);
+  handle_idx = handle_idx ? lua_absindex(L, handle_idx) : 0;
+  v[0] = a1 ? lua_absindex(L, a1) : 0;
+  v[1] = a2 ? lua_absindex(L, a2) : 0;
+  lua_createtable(L, 0, 2 + sp->nf);
+  lua_getiuservalue(L, spec, SP_OP);
+  lua_setfield(L, -2, "op");
+  if (handle_idx && !lua_isnil(L, handle_idx)) {
     lua_pushvalue(L, handle_idx);
     lua_setfield(L, -2, "handle");
   }
+  for (i = 0; i < sp->nf; i++) {
+    if (!v[i] || lua_isnil(L, v[i])) continue;
+    lua_getiuservalue(L, spec, SP_F1 + i);
+    lua_pushvalue(L, v[i]);
+    lua_rawset(L, -3);
+  }
+}
+
+/* push the spec of the record r (anchored in the state's LV_SPECS) */
+static void push_spec(lua_State *L, const ah_rec *r) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lua_getiuservalue(L, -1, LV_SPECS);
+  lua_rawgetp(L, -1, r->spec);
+  lua_replace(L, -3);
+  lua_pop(L, 1);
 }
 
 /* the record at idx gets its resource now (executionAsyncResource() was
-** called after it was registered); allocates */
+** called after it was registered): op, handle and the named arguments kept
+** in the record; allocates */
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
+  int top = lua_gettop(L), nf = r->spec->nf;
   idx = lua_absindex(L, idx);
-  lua_getiuservalue(L, idx, RV_RES); /* the handle, or nil */
-  ah_luv_new_resource(L, lua_isnil(L, -1) ? 0 : lua_gettop(L));
+  luaL_checkstack(L, 8, "async_hooks");
+  push_spec(L, r);                   /* top+1 */
+  lua_getiuservalue(L, idx, RV_RES); /* top+2: the handle, or nil */
+  lua_getiuservalue(L, idx, RV_A1);  /* top+3 */
+  lua_getiuservalue(L, idx, RV_A1 + 1);
+  ah_luv_new_resource(L, top + 1, top + 2, nf > 0 ? top + 3 : 0, nf > 1 ? top + 4 : 0);
   lua_setiuservalue(L, idx, RV_RES);
-  lua_pop(L, 1);
   r->flags |= REC_RES;
+  lua_settop(L, top);
+}
+
+/* For stack.c (executionAsyncResource): while a record's callback runs
+** without a resource, R[s] holds the record itself (not anchored: it is on
+** the stack meanwhile).  The value at the top is R[s]: replace it by the
+** resource, made now, and return 1 when it is the record of the callback
+** running in slot s; else by false and return 0. */
+int ah_luv_resource(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L);
+  ah_rec *r = NULL;
+  luaL_checkstack(L, 4, "async_hooks");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
+    r = ah_luv_record(L, (const ah_luv *)lua_touserdata(L, -1), top);
+  lua_settop(L, top);
+  if (!r) {
+    lua_pushboolean(L, 0);
+    lua_replace(L, top);
+    return 0;
+  }
+  if (r->id != st->slots[s].id && !(r->flags & REC_RES)) {
+    /* re-armed while its callback runs: the record is the new
+    ** registration's; the running one gets a table of its own */
+    push_spec(L, r);
+    lua_getiuservalue(L, top, RV_RES);
+    ah_luv_new_resource(L, top + 1, top + 2, 0, 0);
+    lua_replace(L, top);
+    lua_settop(L, top);
+    return 1;
+  }
+  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, top);
+  lua_getiuservalue(L, top, RV_RES);
+  lua_replace(L, top);
+  return 1;
 }
 
 /* push the record's resource, or nil */
@@ -140,6 +203,10 @@ int ah_luv_rec_call(lua_State *L) {
   st->slots[s].id = id;
   st->slots[s].trigger = r->trigger;
   ah_set_resource(L, s, n + 3);
+  if (!(r->flags & REC_RES)) { /* made if asked for: ah_luv_resource */
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, AH_UV_R, s);
+  }
   ah_set_frame(L, s, n + 4);
   st->active++;
   ah_emit_id(L, st, AH_BEFORE, id);
@@ -177,7 +244,8 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
-  if (had & A_RES) lua_rawgeti(L, AH_UV_R, s); else lua_pushboolean(L, 0);
+  int marked = r && !(r->flags & REC_RES);
+  lua_rawgeti(L, AH_UV_R, s); /* a resource, false, or an outer record */
   lua_rawgeti(L, AH_UV_F, s);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   lua_rotate(L, base + 1, D_NSAVED + 1);
@@ -194,6 +262,10 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       if (r->flags & REC_RES) lua_getiuservalue(L, base, RV_RES); else lua_pushboolean(L, 0);
       ah_set_resource(L, s, -1);
       lua_pop(L, 1);
+    }
+    if (marked) { /* made if asked for: ah_luv_resource */
+      lua_pushvalue(L, base);
+      lua_rawseti(L, AH_UV_R, s);
     }
     st->active += 2; /* the callback, and its entry in st->cb */
     if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
@@ -217,7 +289,12 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
-  if ((had | st->slots[s].anchored) & A_RES) ah_set_resource(L, s, pres);
+  if ((had | st->slots[s].anchored) & A_RES) {
+    ah_set_resource(L, s, pres);
+  } else if (marked) {
+    lua_pushvalue(L, pres);
+    lua_rawseti(L, AH_UV_R, s);
+  }
   lua_rawgeti(L, AH_UV_F, s);
   if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
   lua_pop(L, 1);
@@ -262,6 +339,10 @@ static int luv_enter(lua_State *L) {
     st->slots[s].id = r->id;
     st->slots[s].trigger = r->trigger;
     ah_set_resource(L, s, 7);
+    if (!(r->flags & REC_RES)) { /* made if asked for: ah_luv_resource */
+      lua_pushvalue(L, 1);
+      lua_rawseti(L, AH_UV_R, s);
+    }
     ah_set_frame(L, s, 8);
     lua_replace(L, 7);
     lua_settop(L, 7);

@@ -347,9 +347,17 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
 
 /* push the current resource of the thread at thread_idx (slot s),
 ** materializing a thread's own resource table ({thread = co}) the first
-** time it is asked for */
+** time it is asked for, and a luv callback's (R[s] holds its trampoline
+** while its resource is not made: see luv.c) */
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
-  if (lua_rawgeti(L, AH_UV_R, s) == LUA_TTABLE || lua_toboolean(L, -1)) return;
+  int t;
+  thread_idx = lua_absindex(L, thread_idx);
+  t = lua_rawgeti(L, AH_UV_R, s);
+  if ((t == LUA_TFUNCTION || t == LUA_TUSERDATA) && ah_luv_resource(L, st, s)) {
+    set_resource_of(L, st, s, thread_idx, -1);
+    return;
+  }
+  if (t == LUA_TTABLE || lua_toboolean(L, -1)) return;
   lua_pop(L, 1);
   if (st->slots[s].kind == AH_KMAIN) {
     lua_rawgeti(L, AH_UV_AUX, AUX_TOP);

@@ -1,5 +1,15 @@
---- The public API of `async_hooks`, over a backend.
+--- Request context that follows coroutines and luv callbacks.
 --
+-- `local ah = require("async_hooks")`: Node's `async_hooks` and
+-- `AsyncLocalStorage`, and TC39's `AsyncContext`, for Lua 5.4 and
+-- OpenResty.  `AsyncLocal` values propagate from a coroutine's creator into
+-- the coroutine and from a luv registration into its callback without being
+-- passed by hand.  Every function checks its arguments and raises errors
+-- positioned at the caller's line; wherever a function is expected, a
+-- callable table is accepted.
+-- @module async_hooks
+
+-- This file (`async_hooks.api`) is the public API over a backend.
 -- Every class, argument check and error message of the library lives here,
 -- once; the runtime-specific work is done by a *backend*
 -- (`async_hooks.backend.lua54` over the C core, `async_hooks.backend.ngx`
@@ -25,6 +35,12 @@
 --                              restored on return and on error (error value
 --                              unchanged); obj and fn already checked; called
 --                              as a tail call
+--    B.runner(message)         (optional) the whole run(self, value, fn, ...)
+--                              of AsyncLocal/AsyncLocalStorage, checking self
+--                              and fn itself; on bad input it raises the
+--                              string message(self, value, fn) with the
+--                              position of run's caller.  Saves run a Lua
+--                              call and two C calls of checks
 --    B.current_frame(), B.empty_frame()
 --    B.run_in_frame(frame, fn, ...)
 --                              fn(...) in that frame, restored after (as run_with)
@@ -57,7 +73,6 @@
 -- Errors raised here carry the position of the user's call: checks are
 -- written in the public function itself (`error(msg, 2)`), helpers only
 -- build messages.
--- @module async_hooks.api
 local type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget =
   type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget
 local dgetmetatable = debug.getmetatable
@@ -84,9 +99,9 @@ return function(B)
   -- given where an object or options were expected: `X:new()` for `X.new()`)
   local CLASSES = { [M] = "the async_hooks module" }
 
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
   -- checks (message builders; the caller raises with level 2)
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
 
   --- A function, or a table or userdata whose metatable has `__call` (the C
   -- core's definition).
@@ -151,9 +166,9 @@ return function(B)
     end
   end
 
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
   -- AsyncLocal and AsyncLocalStorage
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
 
   --- A context value (TC39 `AsyncContext.Variable`, Python `ContextVar`).
   -- @type AsyncLocal
@@ -164,9 +179,6 @@ return function(B)
   local AsyncLocal = { __name = "AsyncLocal" }
   AsyncLocal.__index = AsyncLocal
   CLASSES[AsyncLocal] = "class AsyncLocal"
-
-  --- Node's `AsyncLocalStorage` on the same machinery.
-  -- @type AsyncLocalStorage
 
   ---@class AsyncLocalStorage
   ---@field name string the name given to `new` (`""` when none)
@@ -179,6 +191,12 @@ return function(B)
   local LOCALS = { [AsyncLocal] = true, [AsyncLocalStorage] = true }
 
   local function make_run(class)
+    if B.runner then
+      return B.runner(function(self, _, fn)
+        if LOCALS[getmetatable(self)] and not callable(fn) then return badarg(2, "run", "function", fn) end
+        return badself("run", class, self)
+      end)
+    end
     return function(self, value, fn, ...)
       if not LOCALS[getmetatable(self)] then error(badself("run", class, self), 2) end
       if type(fn) ~= "function" and not callable(fn) then error(badarg(2, "run", "function", fn), 2) end
@@ -243,6 +261,9 @@ return function(B)
   AsyncLocal.disable = make_disable("AsyncLocal")
 
   M.AsyncLocal = AsyncLocal
+
+  --- Node's `AsyncLocalStorage` on the same machinery.
+  -- @type AsyncLocalStorage
 
   local ALS_KEYS = keys { "name", "defaultValue" }
   local get_store = B.getter("getStore", "AsyncLocalStorage")
@@ -324,9 +345,9 @@ return function(B)
 
   M.AsyncLocalStorage = AsyncLocalStorage
 
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
   -- Snapshot (TC39's face)
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
 
   --- A captured context (TC39 `AsyncContext.Snapshot`).
   -- @type Snapshot
@@ -378,9 +399,12 @@ return function(B)
 
   M.Snapshot = Snapshot
 
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
   -- ids and hooks
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
+
+  --- Ids and hooks.
+  -- @section ids
 
   --- The asyncId of what is running now (1 at top level).
   -- @function executionAsyncId
@@ -402,40 +426,18 @@ return function(B)
   ---@type fun(): table
   M.executionAsyncResource = B.executionAsyncResource
 
-  --- A set of hook callbacks, made by `createHook`.
-  -- @type AsyncHook
-
   ---@class AsyncHook
   ---@field init fun(asyncId: integer, type: string, triggerAsyncId: integer, resource: table)|nil
   ---@field before fun(asyncId: integer)|nil
   ---@field after fun(asyncId: integer)|nil
   ---@field destroy fun(asyncId: integer)|nil
-  local Hook = { __name = "AsyncHook" }
-  Hook.__index = Hook
-  CLASSES[Hook] = "class AsyncHook"
+  local AsyncHook = { __name = "AsyncHook" }
+  AsyncHook.__index = AsyncHook
+  CLASSES[AsyncHook] = "class AsyncHook"
   local KINDS = { "init", "before", "after", "destroy" }
   local HOOK_KEYS = keys(KINDS)
 
-  --- Enable the hook (idempotent).
-  -- @treturn AsyncHook the hook
-  ---@return AsyncHook
-  function Hook:enable()
-    if getmetatable(self) ~= Hook then error(badself("enable", "AsyncHook", self), 2) end
-    B.hook_enable(self)
-    return self
-  end
-
-  --- Disable the hook (idempotent).
-  -- @treturn AsyncHook the hook
-  ---@return AsyncHook
-  function Hook:disable()
-    if getmetatable(self) ~= Hook then error(badself("disable", "AsyncHook", self), 2) end
-    B.hook_disable(self)
-    return self
-  end
-
   --- Create a (disabled) hook.
-  -- @within ids and hooks
   -- @tparam table callbacks any subset of `{init, before, after, destroy}`,
   --   each a function or callable
   -- @treturn AsyncHook with `enable()` and `disable()`
@@ -445,7 +447,7 @@ return function(B)
     if type(callbacks) ~= "table" or CLASSES[callbacks] then error(badarg(1, "createHook", "table", callbacks), 2) end
     local msg = unknown_key(callbacks, HOOK_KEYS, 1, "createHook")
     if msg then error(msg, 2) end
-    local h = setmetatable({}, Hook)
+    local h = setmetatable({}, AsyncHook)
     for _, k in ipairs(KINDS) do
       local f = callbacks[k]
       if f ~= nil then
@@ -458,9 +460,32 @@ return function(B)
     return h
   end
 
-  ---------------------------------------------------------------------------
+  --- A set of hook callbacks, made by `createHook`.
+  -- @type AsyncHook
+
+
+  --- Enable the hook (idempotent).
+  -- @treturn AsyncHook the hook
+  ---@return AsyncHook
+  function AsyncHook:enable()
+    if getmetatable(self) ~= AsyncHook then error(badself("enable", "AsyncHook", self), 2) end
+    B.hook_enable(self)
+    return self
+  end
+
+  --- Disable the hook (idempotent).
+  -- @treturn AsyncHook the hook
+  ---@return AsyncHook
+  function AsyncHook:disable()
+    if getmetatable(self) ~= AsyncHook then error(badself("disable", "AsyncHook", self), 2) end
+    B.hook_disable(self)
+    return self
+  end
+
+
+  -- ------------------------------------------------------------
   -- AsyncResource
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
 
   --- A user-defined async resource (Node's `AsyncResource`).
   -- @type AsyncResource
@@ -506,19 +531,21 @@ return function(B)
   end
 
   --- Create a resource; emits `init` with the resource itself.
-  -- @tparam string type non-empty
+  -- @tparam string type_name non-empty
   -- @param[opt] opts a triggerAsyncId, or `{triggerAsyncId = integer >= -1,
   --   requireManualDestroy = boolean}`
   -- @treturn AsyncResource
-  ---@param type string
+  ---@param type_name string
   ---@param opts integer|{triggerAsyncId: integer?, requireManualDestroy: boolean?}|nil
   ---@return AsyncResource
-  ---@overload fun(type: string): AsyncResource
-  function AsyncResource.new(type_, opts)
-    if type(type_) ~= "string" or type_ == "" then error(badarg(1, "new", "non-empty string", type_), 2) end
+  ---@overload fun(type_name: string): AsyncResource
+  function AsyncResource.new(type_name, opts)
+    if type(type_name) ~= "string" or type_name == "" then
+      error(badarg(1, "new", "non-empty string", type_name), 2)
+    end
     local msg, trigger, manual = check_resource_opts(opts)
     if msg then error(msg, 2) end
-    return make_resource(type_, trigger, manual)
+    return make_resource(type_name, trigger, manual)
   end
 
   --- Run `fn(...)` in the resource's context: `before`/`after` around it,
@@ -589,9 +616,12 @@ return function(B)
 
   M.AsyncResource = AsyncResource
 
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
   -- coroutine library and installation
-  ---------------------------------------------------------------------------
+  -- ------------------------------------------------------------
+
+  --- Integration.
+  -- @section integration
 
   --- Drop-in `coroutine` library with propagation, for code that does not
   -- want global patching.

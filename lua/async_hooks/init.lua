@@ -1,4 +1,4 @@
---- Request context that follows coroutines and luv callbacks.
+-- Request context that follows coroutines and luv callbacks.
 --
 -- Node's `async_hooks` + `AsyncLocalStorage` (and TC39 `AsyncContext`) for
 -- Lua 5.4 and OpenResty: `AsyncLocal` values propagate from a coroutine's
@@ -8,8 +8,7 @@
 -- This file only picks the backend: `async_hooks.backend.ngx` inside
 -- OpenResty (a global `ngx` table with `ngx.config.ngx_lua_version`), else
 -- `async_hooks.backend.lua54` (the C core).  The public API is
--- `async_hooks.api`, the same over both.
--- @module async_hooks
+-- `async_hooks.api`, the same over both (its reference: `make docs`).
 local ngx = rawget(_G, "ngx")
 local backend
 if type(ngx) == "table" and type(ngx.config) == "table" and ngx.config.ngx_lua_version then

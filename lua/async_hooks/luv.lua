@@ -13,10 +13,14 @@ local pairs, ipairs, type, rawget = pairs, ipairs, type, rawget
 local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
 
 --- Every callback-taking luv function: {name, position, alternative
--- position, kind[, resource type]}; `fn`: luv takes only a function there.  The alternative position is used when
+-- position, kind[, resource type[, named arguments]]}; `fn`: luv takes only
+-- a function there.  The alternative position is used when
 -- the callback is not at the first one and that argument is nil (fs_read(fd,
 -- size, cb) and fs_read(fd, size, offset, cb)).  Handle callbacks take their
--- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).
+-- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).  Every
+-- resource has `op` (the name) and `handle` (the first argument when it is a
+-- userdata); the named arguments `{field, position, ...}` (at most two) are
+-- copied into it too.
 local SPECS = {
   -- handle callbacks (kept until the same slot is re-armed or the handle
   -- is closed)
@@ -42,11 +46,11 @@ local SPECS = {
   { "write", 3, 0, K_REQ, "uv_write" },
   { "write2", 4, 0, K_REQ, "uv_write" },
   { "shutdown", 2, 0, K_REQ, "uv_shutdown" },
-  { "tcp_connect", 4, 0, K_REQ, "uv_connect" },
+  { "tcp_connect", 4, 0, K_REQ, "uv_connect", { "host", 2, "port", 3 } },
   { "pipe_connect", 3, 0, K_REQ, "uv_connect" },
   { "pipe_connect2", 4, 3, K_REQ, "uv_connect" },
-  { "udp_send", 5, 0, K_REQ, "uv_udp_send" },
-  { "getaddrinfo", 4, 0, K_REQ, "uv_getaddrinfo" },
+  { "udp_send", 5, 0, K_REQ, "uv_udp_send", { "host", 3, "port", 4 } },
+  { "getaddrinfo", 4, 0, K_REQ, "uv_getaddrinfo", { "host", 1, "service", 2 } },
   { "getnameinfo", 2, 0, K_REQ, "uv_getnameinfo" },
   { "random", 3, 0, K_REQ, "uv_random" },
   -- the after-work callback of new_work (called once per queue_work)
@@ -67,11 +71,22 @@ local FS = {
   fs_fchown = 4, fs_lchown = { 4, 3 }, fs_copyfile = { 4, 3 }, fs_opendir = 2,
   fs_readdir = 2, fs_closedir = 2, fs_statfs = 2,
 }
+-- fs calls whose first argument is a path (the others take an fd or a
+-- uv_dir); the second path of a two-path call is `new_path`
+local PATH = {
+  fs_open = 1, fs_unlink = 1, fs_mkdir = 1, fs_mkdtemp = 1, fs_mkstemp = 1,
+  fs_rmdir = 1, fs_scandir = 1, fs_stat = 1, fs_lstat = 1, fs_rename = 2,
+  fs_access = 1, fs_chmod = 1, fs_utime = 1, fs_lutime = 1, fs_link = 2,
+  fs_symlink = 2, fs_readlink = 1, fs_realpath = 1, fs_chown = 1, fs_lchown = 1,
+  fs_copyfile = 2, fs_opendir = 1, fs_statfs = 1,
+}
+local PATH_FIELDS = { { "path", 1 }, { "path", 1, "new_path", 2 } }
 for name, pos in pairs(FS) do
+  local fields = PATH[name] and PATH_FIELDS[PATH[name]]
   if type(pos) == "table" then
-    SPECS[#SPECS + 1] = { name, pos[1], pos[2], K_REQ, "uv_fs" }
+    SPECS[#SPECS + 1] = { name, pos[1], pos[2], K_REQ, "uv_fs", fields }
   else
-    SPECS[#SPECS + 1] = { name, pos, 0, K_REQ, "uv_fs" }
+    SPECS[#SPECS + 1] = { name, pos, 0, K_REQ, "uv_fs", fields }
   end
 end
 
@@ -111,7 +126,7 @@ function M.attach(uv, persist)
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
-      wrappers[orig] = core.luv_wrap(orig, s[1], s[2], s[3], s[4], s[5], s.slot, s.fn)
+      wrappers[orig] = core.luv_wrap(orig, s[1], s[2], s[3], s[4], s[5], s.slot, s.fn, s[6])
     end
   end
   -- uv.run itself: callbacks that run inside the library's uv.run find the

@@ -1,6 +1,6 @@
 --- A small pure-Lua model of the SPEC semantics (frames, coroutine capture,
 -- scopes that span yields, ids, hook events), written for the differential
--- test: same interface as the real adapter in spec/support/adapters.lua.
+-- test: same interface as the real adapter in spec/support/real.lua.
 -- Ids are symbolic ("top", "co1", "ar2", "tm3"); frames are plain tables.
 local M = {}
 

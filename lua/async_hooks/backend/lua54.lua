@@ -37,17 +37,27 @@ B.gc_token = core.gc_token
 B.gc_token_cancel = core.gc_token_cancel
 
 function B.run_with(obj, value, fn, ...)
-  local prev <close> = enter(obj, value, fn)
+  local _scope <close> = enter(obj, value, fn)
   return fn(...)
 end
 
+-- the api's run itself: the C core checks self and fn and raises
+-- message(self, value, fn) at the caller's line
+function B.runner(message)
+  local enter_checked = core.enterer(message)
+  return function(self, value, fn, ...)
+    local _scope <close> = enter_checked(self, value, fn)
+    return fn(...)
+  end
+end
+
 function B.run_in_frame(frame, fn, ...)
-  local prev <close> = swap(frame)
+  local _scope <close> = swap(frame)
   return fn(...)
 end
 
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
-  local g <close> = enter_scope(id, trigger, resource, frame)
+  local _scope <close> = enter_scope(id, trigger, resource, frame)
   return fn(...)
 end
 

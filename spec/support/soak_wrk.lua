@@ -1,5 +1,6 @@
--- wrk script for the soak: a unique id in every request's path, and
+-- wrk script for the soak (spec/10-soak_spec.lua): a unique id in every request's path, and
 -- responses that are not exactly that id are counted.
+-- luacheck: globals request wrk
 local counter = 0
 request = function()
   counter = counter + 1

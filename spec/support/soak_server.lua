@@ -2,8 +2,10 @@
 -- file read) with an AsyncLocal and all four hooks enabled (the destroy
 -- pattern keeps a map keyed by asyncId).  Every response checks that both
 -- the AsyncLocal and the hook map still hold the id from the request's own
--- path; a mismatch answers 500.  On SIGTERM it prints its statistics.
-package.path = "bench/?.lua;examples/?.lua;" .. package.path
+-- path; a mismatch answers "MISMATCH".  On SIGTERM it prints its statistics.
+-- Run by spec/10-soak_spec.lua (with spec/support/soak_wrk.lua as wrk's
+-- script) from the repository's root.
+package.path = "examples/?.lua;" .. package.path
 local uv = require("luv")
 local ah = require("async_hooks").install()
 local app = require("app")
@@ -18,7 +20,13 @@ ah.createHook {
 }:enable()
 
 local fd = app.data_fd(256, "y")
-local rss = require("util").rss_kb
+local function rss()
+  local f = io.open("/proc/self/status")
+  if not f then return 0 end
+  local s = f:read("a")
+  f:close()
+  return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
+end
 
 local served, mismatches, rss_warm = 0, 0, nil
 local server, port = app.http_server(function(req, respond)

@@ -1,0 +1,22 @@
+-- luacheck configuration: `make lint` checks lua/ spec/ bench/ examples/.
+std = "lua54"
+max_line_length = 140
+-- callbacks keep their documented signature (err, id, type, ...) even when
+-- they use only part of it
+unused_args = false
+-- to-be-closed variables (`local scope <close> = ...`) are used by their
+-- `__close`; luacheck does not know that: name them with a leading `_`
+ignore = { "211/_.*" }
+
+files["lua/async_hooks/api.lua"] = {
+  -- loads in LuaJIT too: only what Lua 5.1 and LuaJIT have, plus the
+  -- guarded use of math.tointeger
+  std = "luajit",
+  read_globals = { math = { fields = { "tointeger" } } },
+}
+files["lua/async_hooks/init.lua"] = { std = "luajit" }
+files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
+files["spec"] = { std = "+busted" }
+files["tests/faults.lua"] = { globals = { "coroutine" } }
+-- a wrk script: wrk's globals
+files["bench/soak.lua"] = { globals = { "request", "response", "done", "setup", "init", "delay" }, read_globals = { "wrk" } }

@@ -1,0 +1,75 @@
+--- User-space instructions per HTTP request (callgrind), the same server
+-- as the HTTP rows (bench/http_server.lua coroutines <ctx> 0): each
+-- configuration is served twice under callgrind, for BENCH_HTTPI_SHORT (1)
+-- and BENCH_HTTPI_LONG (4) seconds of wrk; the figure is the difference of
+-- the two counts divided by the difference of the requests served (the
+-- server counts them), so start-up, connection set-up and shutdown cancel.
+-- Kernel time (TCP, epoll), which tracking does not change, is not in these
+-- counts, so the ratios are lower than the throughput ratios.  No target:
+-- a steady figure to iterate on while wall-clock is noisy.
+local U = require("util")
+
+local M = {}
+
+local SHORT = tonumber(os.getenv("BENCH_HTTPI_SHORT")) or 1
+local LONG = tonumber(os.getenv("BENCH_HTTPI_LONG")) or 4
+
+local function read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- one callgrind run: instructions and requests served
+local function run(ctx, seconds)
+  local out = os.tmpname()
+  os.execute(("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/http_server.lua coroutines %s 0"
+    .. " > %s 2>&1 & echo $! > %s.pid"):format(U.LUA, ctx, out, out))
+  local port
+  for _ = 1, 600 do
+    port = read_file(out):match("PORT (%d+)")
+    if port then break end
+    os.execute("sleep 0.05")
+  end
+  local pid = read_file(out .. ".pid"):match("%d+")
+  if port then
+    local w = io.popen(("wrk -t1 -c10 --timeout 10s -d%ds http://127.0.0.1:%s/ 2>&1"):format(seconds, port))
+    w:read("a")
+    w:close()
+  end
+  if pid then os.execute("kill " .. pid .. " 2>/dev/null") end
+  local s
+  for _ = 1, 600 do
+    s = read_file(out)
+    if s:match("Collected : %d+") then break end
+    os.execute("sleep 0.05")
+  end
+  os.remove(out)
+  os.remove(out .. ".pid")
+  local ins, served = tonumber(s:match("Collected : (%d+)")), tonumber(s:match("served=(%d+)"))
+  local mism = tonumber(s:match("mismatches=(%d+)"))
+  if not (port and ins and served) then error(("server %s under callgrind failed:\n%s"):format(ctx, s), 0) end
+  if mism ~= 0 then error(("server %s: %d responses with a wrong context"):format(ctx, mism), 0) end
+  return ins, served
+end
+
+function M.run()
+  if not os.execute("command -v wrk >/dev/null 2>&1") then error("wrk is not installed", 0) end
+  U.header(("HTTP user-space instructions per request (callgrind; %d s - %d s of wrk -c10; no target)")
+    :format(LONG, SHORT))
+  print("| server | instructions per request | ratio to none | requests (short / long) |")
+  print("|---|---|---|---|")
+  local base
+  for _, ctx in ipairs { "none", "asynclocal", "hooks" } do
+    local i1, n1 = run(ctx, SHORT)
+    local i2, n2 = run(ctx, LONG)
+    local per = (i2 - i1) / (n2 - n1)
+    base = base or per
+    print(("| coroutine per request, %s | %.0f | %.3fx | %d / %d |"):format(ctx, per, per / base, n1, n2))
+  end
+  return {}
+end
+
+return M

@@ -1,0 +1,123 @@
+--- One memory measurement for bench/memory.lua, in a fresh process:
+--   lua5.4 bench/mem_case.lua <churn|suspended|pending> <generational|incremental> <variant> <n>
+-- variant: "raw" (library loaded, not installed: raw coroutines and luv),
+-- "installed" (nothing set) or "value" (an AsyncLocal set).  Prints one line
+-- "RESULT key=value ...".
+local what, mode, variant, n = arg[1], arg[2], arg[3], tonumber(arg[4])
+assert(mode == "generational" or mode == "incremental", "mode: generational or incremental")
+collectgarbage(mode)
+package.path = "bench/?.lua;examples/?.lua;" .. package.path
+local uv = require("luv")
+local ah = require("async_hooks")
+local U = require("util")
+local yield = coroutine.yield
+local co = { create = coroutine.create, resume = coroutine.resume }
+if variant ~= "raw" then
+  ah.install()
+  co = ah.coroutine
+end
+local v = ah.AsyncLocal.new()
+local function with_value(f, ...)
+  if variant == "value" then return v:run({ outer = true }, f, ...) end
+  return f(...)
+end
+local function full_gc()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+local cases = {}
+
+--- n "requests": a coroutine per request that keeps a per-request value,
+-- yields once and finishes; the Lua heap sampled every 64 requests.
+function cases.churn()
+  local create, resume = co.create, co.resume
+  local body
+  if variant == "raw" then
+    body = function(id)
+      local ctx = { id = id }
+      yield()
+      return ctx.id
+    end
+  else
+    body = function(id)
+      v:set({ id = id })
+      yield()
+      return v:get().id
+    end
+  end
+  local peak = 0
+  local function requests(k)
+    for i = 1, k do
+      local c = create(body)
+      resume(c, i)
+      local ok, id = resume(c)
+      if not (ok and id == i) then error("request " .. i .. " lost its value: " .. tostring(id)) end
+      if i & 63 == 0 then
+        local kb = collectgarbage("count")
+        if kb > peak then peak = kb end
+      end
+    end
+  end
+  requests(n // 10) -- warm-up: the library's tables reach their size
+  full_gc()
+  local start, rss0 = collectgarbage("count"), U.rss_kb()
+  peak = start
+  local t = os.clock()
+  requests(n)
+  local dt = os.clock() - t
+  full_gc()
+  return ("start=%.1f peak=%.1f end=%.1f rss_start=%d rss_end=%d ns=%.0f"):format(
+    start, peak, collectgarbage("count"), rss0, U.rss_kb(), dt / n * 1e9)
+end
+
+--- bytes kept per object while `keep` holds n of them; the smallest of three
+-- measurements (tables that grew in an earlier one would otherwise count)
+local function bytes_per(make, release)
+  local best = math.huge
+  for _ = 1, 3 do
+    full_gc()
+    local before = collectgarbage("count")
+    local keep = make(n)
+    full_gc()
+    best = math.min(best, (collectgarbage("count") - before) * 1024 / n)
+    if release then release(keep) end
+    keep = nil -- luacheck: ignore
+  end
+  return best
+end
+
+--- a suspended coroutine (created, resumed once, waiting in a yield)
+function cases.suspended()
+  local create, resume = co.create, co.resume
+  local b = bytes_per(function(k)
+    local keep = {}
+    for i = 1, k do
+      local c = create(function() yield() end)
+      resume(c)
+      keep[i] = c
+    end
+    return keep
+  end)
+  return ("bytes=%.2f"):format(b)
+end
+
+--- a pending luv callback (a timer that would fire in a minute)
+function cases.pending()
+  local b = bytes_per(function(k)
+    local ts = {}
+    for i = 1, k do
+      local tm = uv.new_timer()
+      tm:start(60000, 0, function() end)
+      ts[i] = tm
+    end
+    return ts
+  end, function(ts)
+    for _, tm in ipairs(ts) do tm:close() end
+    uv.run("nowait")
+  end)
+  return ("bytes=%.2f"):format(b)
+end
+
+local f = assert(cases[what], "unknown case " .. tostring(what))
+io.stdout:write("RESULT ", with_value(f), "\n")

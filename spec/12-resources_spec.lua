@@ -1,0 +1,416 @@
+-- The resource tables of luv registrations (SPEC §3 rule 2): `op` (the luv
+-- function's name), `handle` where there is one, `path` (and `new_path`) for
+-- fs calls that take paths, `host`/`port` for tcp_connect and udp_send,
+-- `host`/`service` for getaddrinfo.  Every test does real I/O and checks
+-- both what `init` received and what `executionAsyncResource()` returns
+-- inside the callback (the same table).
+local uv = require("luv") -- on the main thread, before anything else
+local ah = require("async_hooks")
+local H = require("helpers")
+
+local function tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(content)
+  f:close()
+  return path
+end
+
+-- the resource's fields other than `handle`, as a sorted "k=v" string
+local function fields(res)
+  local ks = {}
+  for k, v in pairs(res) do
+    if k ~= "handle" then ks[#ks + 1] = k .. "=" .. tostring(v) end
+  end
+  table.sort(ks)
+  return table.concat(ks, " ")
+end
+
+describe("luv resource fields", function()
+  local track, untrack = H.hook_tracker()
+  local inits -- list of {id, type, resource}, in init order
+  local by_id
+
+  before_each(function()
+    ah.install()
+    inits, by_id = {}, {}
+    track(ah.createHook {
+      init = function(id, type, trigger, res)
+        local e = { id = id, type = type, res = res }
+        inits[#inits + 1] = e
+        by_id[id] = e
+      end,
+    }):enable()
+  end)
+  after_each(function()
+    untrack()
+    ah.uninstall()
+  end)
+
+  -- the resources that init saw for `op`, in order
+  local function of(op)
+    local out = {}
+    for _, e in ipairs(inits) do
+      if e.res.op == op then out[#out + 1] = e end
+    end
+    return out
+  end
+
+  -- `executionAsyncResource()` inside a callback, checked against init's
+  local function here(seen, key)
+    local res = ah.executionAsyncResource()
+    local e = by_id[ah.executionAsyncId()]
+    assert(e and e.res == res, "not the init resource")
+    seen[key] = res
+  end
+
+  it("fs calls that take a path: op and path (new_path for the second one)", function()
+    local path = tmpfile("x")
+    local other = path .. ".moved"
+    local seen = {}
+    uv.fs_stat(path, function(err)
+      assert.is_nil(err)
+      here(seen, "stat")
+      uv.fs_rename(path, other, function(err2)
+        assert.is_nil(err2)
+        here(seen, "rename")
+        uv.fs_unlink(other, function(err3)
+          assert.is_nil(err3)
+          here(seen, "unlink")
+        end)
+      end)
+    end)
+    uv.run()
+    assert.equal("op=fs_stat path=" .. path, fields(seen.stat))
+    assert.equal("new_path=" .. other .. " op=fs_rename path=" .. path, fields(seen.rename))
+    assert.equal("op=fs_unlink path=" .. other, fields(seen.unlink))
+    for _, e in ipairs(inits) do
+      assert.equal("uv_fs", e.type)
+      assert.is_nil(e.res.handle)
+    end
+    assert.equal(3, #inits)
+  end)
+
+  it("fs calls on an fd: op, no path; a failed call still names its path", function()
+    local path = tmpfile("hello")
+    local seen = {}
+    uv.fs_open(path, "r", 438, function(err, fd)
+      assert.is_nil(err)
+      here(seen, "open")
+      uv.fs_read(fd, 5, 0, function(err2, data)
+        assert.equal("hello", data)
+        here(seen, "read")
+        uv.fs_fstat(fd, function()
+          here(seen, "fstat")
+          uv.fs_close(fd, function() here(seen, "close") end)
+        end)
+      end)
+    end)
+    uv.fs_open("/nonexistent/dir/file", "r", 438, function(err)
+      assert.matches("ENOENT", err)
+      here(seen, "enoent")
+    end)
+    uv.run()
+    os.remove(path)
+    assert.equal("op=fs_open path=" .. path, fields(seen.open))
+    assert.equal("op=fs_read", fields(seen.read))
+    assert.equal("op=fs_fstat", fields(seen.fstat))
+    assert.equal("op=fs_close", fields(seen.close))
+    assert.equal("op=fs_open path=/nonexistent/dir/file", fields(seen.enoent))
+  end)
+
+  it("fs_opendir / fs_readdir / fs_closedir: the path, then the uv_dir as handle", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(uv.fs_mkdir(dir, 448))
+    local seen = {}
+    local d
+    uv.fs_opendir(dir, function(err, dd)
+      assert.is_nil(err)
+      d = dd
+      here(seen, "opendir")
+      uv.fs_readdir(d, function()
+        here(seen, "readdir")
+        uv.fs_closedir(d, function() here(seen, "closedir") end)
+      end)
+    end, 4)
+    uv.run()
+    assert(uv.fs_rmdir(dir))
+    assert.equal("op=fs_opendir path=" .. dir, fields(seen.opendir))
+    assert.is_nil(seen.opendir.handle)
+    assert.equal("op=fs_readdir", fields(seen.readdir))
+    assert.equal(d, seen.readdir.handle)
+    assert.equal("op=fs_closedir", fields(seen.closedir))
+  end)
+
+  it("timers: timer_start through both forms, and close, with the handle", function()
+    local seen = {}
+    local a, b = uv.new_timer(), uv.new_timer()
+    a:start(1, 0, function()
+      here(seen, "method")
+      a:close(function() here(seen, "close") end)
+    end)
+    uv.timer_start(b, 1, 0, function()
+      here(seen, "function")
+      uv.close(b)
+    end)
+    uv.run()
+    assert.equal("op=timer_start", fields(seen.method))
+    assert.equal(a, seen.method.handle)
+    assert.equal("op=timer_start", fields(seen["function"]))
+    assert.equal(b, seen["function"].handle)
+    assert.equal("op=close", fields(seen.close))
+    assert.equal(a, seen.close.handle)
+    local closes = of("close")
+    assert.equal(1, #closes) -- uv.close(b) gave no callback: no resource
+    assert.equal("uv_timer", closes[1].type) -- a close has the handle's type
+  end)
+
+  it("tcp: listen, tcp_connect (host, port), read_start, write, shutdown, close", function()
+    local seen = {}
+    local server = uv.new_tcp()
+    assert(server:bind("127.0.0.1", 0))
+    local port = server:getsockname().port
+    local conn
+    assert(server:listen(8, function(err)
+      assert.is_nil(err)
+      here(seen, "listen")
+      conn = uv.new_tcp()
+      server:accept(conn)
+      conn:read_start(function(err2, data)
+        assert.is_nil(err2)
+        here(seen, "read_start")
+        if data then
+          conn:write("pong:" .. data, function()
+            here(seen, "write")
+          end)
+        else
+          conn:close(function() here(seen, "close") end)
+          server:close()
+        end
+      end)
+    end))
+    local client = uv.new_tcp()
+    client:connect("127.0.0.1", port, function(err)
+      assert.is_nil(err)
+      here(seen, "connect")
+      client:write("ping")
+      client:read_start(function(_, data)
+        if data then
+          client:shutdown(function()
+            here(seen, "shutdown")
+          end)
+        else
+          client:close()
+        end
+      end)
+    end)
+    uv.run()
+    assert.equal("op=listen", fields(seen.listen))
+    assert.equal(server, seen.listen.handle)
+    assert.equal("host=127.0.0.1 op=tcp_connect port=" .. port, fields(seen.connect))
+    assert.equal(client, seen.connect.handle)
+    assert.equal("op=read_start", fields(seen.read_start))
+    assert.equal(conn, seen.read_start.handle)
+    assert.equal("op=write", fields(seen.write))
+    assert.equal(conn, seen.write.handle)
+    assert.equal("op=shutdown", fields(seen.shutdown))
+    assert.equal(client, seen.shutdown.handle)
+    assert.equal("op=close", fields(seen.close))
+    assert.equal(conn, seen.close.handle)
+    -- types: the handle's for handle callbacks, the request's for requests
+    assert.equal("uv_tcp", of("listen")[1].type)
+    assert.equal("uv_tcp", of("read_start")[1].type)
+    assert.equal("uv_connect", of("tcp_connect")[1].type)
+    assert.equal("uv_write", of("write")[1].type)
+    assert.equal(1, #of("write")) -- the client's write gave no callback: none
+  end)
+
+  it("udp: udp_recv_start with the handle, udp_send with host and port", function()
+    local seen = {}
+    local rx = uv.new_udp()
+    assert(rx:bind("127.0.0.1", 0))
+    local port = rx:getsockname().port
+    rx:recv_start(function(err, data)
+      assert.is_nil(err)
+      if data then
+        here(seen, "recv")
+        rx:recv_stop()
+        rx:close()
+      end
+    end)
+    local tx = uv.new_udp()
+    tx:send("hi", "127.0.0.1", port, function(err)
+      assert.is_nil(err)
+      here(seen, "send")
+      tx:close()
+    end)
+    uv.run()
+    assert.equal("op=udp_recv_start", fields(seen.recv))
+    assert.equal(rx, seen.recv.handle)
+    assert.equal("host=127.0.0.1 op=udp_send port=" .. port, fields(seen.send))
+    assert.equal(tx, seen.send.handle)
+    assert.equal("uv_udp_send", of("udp_send")[1].type)
+  end)
+
+  it("getaddrinfo: host and service (service absent when not given)", function()
+    local seen = {}
+    uv.getaddrinfo("localhost", "80", { socktype = "stream" }, function(err)
+      assert.is_nil(err)
+      here(seen, "both")
+    end)
+    uv.getaddrinfo("localhost", nil, { socktype = "stream" }, function(err)
+      assert.is_nil(err)
+      here(seen, "host")
+    end)
+    uv.run()
+    assert.equal("host=localhost op=getaddrinfo service=80", fields(seen.both))
+    assert.equal("host=localhost op=getaddrinfo", fields(seen.host))
+    assert.equal("uv_getaddrinfo", of("getaddrinfo")[1].type)
+  end)
+
+  it("handles made by the call: new_async and spawn get their handle", function()
+    local seen = {}
+    local a
+    a = uv.new_async(function()
+      here(seen, "async")
+      a:close()
+    end)
+    a:send()
+    local p
+    p = uv.spawn("true", {}, function(code)
+      assert.equal(0, code)
+      here(seen, "spawn")
+      p:close()
+    end)
+    uv.run()
+    assert.equal("op=new_async", fields(seen.async))
+    assert.equal(a, seen.async.handle)
+    assert.equal("op=spawn", fields(seen.spawn))
+    assert.equal(p, seen.spawn.handle)
+  end)
+
+  it("a bad argument raises luv's error unchanged; no init, library state intact", function()
+    local err = select(2, pcall(uv.fs_stat, {}, function() end))
+    assert.matches("bad argument #1 to '[%w.]*fs_stat' %(string expected, got table%)", err)
+    err = select(2, pcall(uv.tcp_connect, uv.new_timer(), "127.0.0.1", 1, function() end))
+    assert.matches("uv_tcp expected", err)
+    assert.equal(0, #inits)
+    assert.equal(1, ah.executionAsyncId())
+    local seen = {}
+    uv.fs_stat("/", function() here(seen, "ok") end)
+    uv.run()
+    assert.equal("op=fs_stat path=/", fields(seen.ok))
+  end)
+
+  it("core.luv_wrap checks the op name and the named arguments", function()
+    -- luv_wrap(orig, op, pos, alt, kind, type, slot, fn, fields)
+    local wrap = require("async_hooks.core").luv_wrap
+    assert.matches("string expected", select(2, pcall(wrap, print, nil, 1, 0, 0)))
+    assert.matches("bad field position", select(2, pcall(wrap, print, "x", 1, 0, 0, nil, 0, false, { "path", 16 })))
+    assert.matches("bad field name", select(2, pcall(wrap, print, "x", 1, 0, 0, nil, 0, false, { 1, 1 })))
+    assert.equal("function", type(wrap(print, "x", 1, 0, 0, nil, 0, false, { "a", 1, "b", 2 })))
+  end)
+end)
+
+describe("luv resources made lazily", function()
+  -- In a fresh process: no hook, executionAsyncResource() not called yet, a
+  -- value set (so registrations are tracked but get no resource table).
+  -- The table made when executionAsyncResource() is first called inside the
+  -- callback must still be complete.
+  local function run(body)
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      v:set("request")
+      local function fields(res)
+        local ks = {}
+        for k, x in pairs(res) do
+          ks[#ks + 1] = k .. "=" .. (k == "handle" and type(x) or tostring(x))
+        end
+        table.sort(ks)
+        print(v:get(), table.concat(ks, " "))
+      end
+    ]] .. body)
+    assert.equal("", err)
+    assert.equal(0, code)
+    return out
+  end
+
+  it("through the callback entry: fs path, tcp host/port, timer handle, new_async handle", function()
+    local out = run([[
+      uv.fs_stat("/", function() fields(ah.executionAsyncResource()) end)
+      local s = uv.new_tcp()
+      s:bind("127.0.0.1", 0)
+      s:listen(1, function() end)
+      local c = uv.new_tcp()
+      c:connect("127.0.0.1", s:getsockname().port, function()
+        fields(ah.executionAsyncResource())
+        c:close(); s:close()
+      end)
+      uv.run()
+      local t = uv.new_timer()
+      t:start(1, 0, function() fields(ah.executionAsyncResource()); t:close() end)
+      local a
+      a = uv.new_async(function() fields(ah.executionAsyncResource()); a:close() end)
+      a:send()
+      uv.run()
+    ]])
+    out = out:gsub("port=%d+", "port=P")
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    table.sort(lines)
+    assert.same({
+      "request\thandle=userdata host=127.0.0.1 op=tcp_connect port=P",
+      "request\thandle=userdata op=new_async",
+      "request\thandle=userdata op=timer_start",
+      "request\top=fs_stat path=/",
+    }, lines)
+  end)
+
+  it("a hook enabled later: before, the callback and after see the same complete table", function()
+    local out = run([[
+      local path = os.tmpname()
+      local inside
+      uv.fs_open(path, "r", 438, function(err, fd)
+        inside = ah.executionAsyncResource()
+        assert(inside == ah.executionAsyncResource())
+        uv.fs_close(fd)
+      end)
+      local res = {}
+      local h = ah.createHook {
+        before = function() res.before = ah.executionAsyncResource() end,
+        after = function() res.after = ah.executionAsyncResource() end,
+      }:enable()
+      uv.run()
+      h:disable()
+      os.remove(path)
+      print(res.before == inside, res.after == inside, inside.path == path)
+      fields(inside)
+      -- the top level again: its fixed table, not the callback's
+      print(ah.executionAsyncResource() ~= inside, next(ah.executionAsyncResource()))
+    ]])
+    assert.equal("true\ttrue\ttrue\nrequest\top=fs_open path=" .. out:match("path=(%S+)") .. "\ntrue\tnil\n", out)
+  end)
+
+  it("through the trampoline itself (callback registered, then uninstall)", function()
+    local out = run([[
+      uv.getaddrinfo("localhost", "80", { socktype = "stream" }, function()
+        fields(ah.executionAsyncResource())
+      end)
+      uv.fs_rename("/nonexistent/a", "/nonexistent/b", function()
+        fields(ah.executionAsyncResource())
+      end)
+      ah.uninstall() -- luv now calls the trampolines directly
+      uv.run()
+    ]])
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    table.sort(lines)
+    assert.same({
+      "request\thost=localhost op=getaddrinfo service=80",
+      "request\tnew_path=/nonexistent/b op=fs_rename path=/nonexistent/a",
+    }, lines)
+  end)
+end)
