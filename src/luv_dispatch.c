@@ -245,7 +245,10 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
   int marked = r && !(r->flags & REC_RES);
-  lua_rawgeti(L, AH_UV_R, s); /* a resource, false, or an outer record */
+  if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
+    lua_rawgeti(L, AH_UV_R, s);
+  else
+    lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   lua_rotate(L, base + 1, D_NSAVED + 1);
