@@ -736,6 +736,9 @@ describe("luv integration", function()
       -- read_start on a listening pipe fails in libuv, but luv registers the
       -- callback first: the listen registration must survive it
       pcall(p.read_start, p, function() end)
+      local tick = uv.new_timer() -- a callback's exit delivers queued destroys
+      tick:start(0, 0, function() tick:close() end)
+      uv.run("once")
       local state = check_order(log)
       assert.equal("live", state[listen_id])
       p:close()
