@@ -179,7 +179,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec),
                                           RV_N + (eager ? 0 : sp->nf));
   int rec = lua_gettop(L);
-  r->lv = (const ah_luv *)lua_touserdata(L, W_LV);
+  r->lv = sp->lv;
   r->id = 0;
   r->trigger = st->slots[s].id;
   r->spec = sp;
@@ -244,7 +244,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   }
   if ((r->flags & REC_DESTROY) && destroy) ah_queue_destroy(st, old);
   r->flags = (unsigned char)(destroy ? r->flags | REC_DESTROY : r->flags & ~REC_DESTROY);
-  registered(L, st, r, pos, 1);
+  if (st->nhooks[AH_INIT]) registered(L, st, r, pos, 1);
   return nres;
 }
 
@@ -261,7 +261,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   if (keep) keep = slot_reserve(L, lv, 1, sp->slot);
   r = new_record(L, st, sp, pos, s, handle_idx, n); /* n+1 */
   if (sp->fn) {
-    ((ah_luv *)lua_touserdata(L, W_LV))->closures = 1;
+    sp->lv->closures = 1;
     ah_push_shared(L);
     lua_pushvalue(L, n + 1);
     lua_pushcclosure(L, ah_luv_rec_fn, AH_NUP + 1);
@@ -298,12 +298,12 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
 }
 
 static int wrapped(lua_State *L) {
-  ah_state *st = ah_st(L);
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
+  ah_state *st = sp->lv->st;
   int n = lua_gettop(L), pos = find_callback(L, sp, n), nres;
   const ah_luv *lv;
   if (pos && observable(st, ah_slot_of(L, st))) {
-    lv = (const ah_luv *)lua_touserdata(L, W_LV);
+    lv = sp->lv;
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
       ah_rec *r = slot_get(L, lv, 1, sp->slot); /* n+1 */
       if (r) return rearm(L, st, sp, n, pos, r);
@@ -318,7 +318,7 @@ static int wrapped(lua_State *L) {
   ** untracked callback */
   nres = sp->orig(L);
   luaL_checkstack(L, 8, "async_hooks");
-  lv = (const ah_luv *)lua_touserdata(L, W_LV);
+  lv = sp->lv;
   slot_drop(L, st, lv, 1, sp->kind == W_CLOSE ? 0 : sp->slot);
   return nres;
 }
@@ -345,6 +345,7 @@ static int l_luv_wrap(lua_State *L) {
   luv_state(L); /* 10 */
   lua_getiuservalue(L, 10, LV_SPECS); /* 11 */
   sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 12 */
+  sp->lv = (ah_luv *)lua_touserdata(L, 10);
   sp->orig = f;
   sp->kind = (int)kind;
   sp->pos = (int)pos;

@@ -44,6 +44,7 @@ enum { W_HANDLE = 0, W_CREATE, W_CLOSE, W_REQ, W_WORK };
 ** state (records point to it).  User values: the op name (the luv
 ** function's name), the resource type (nil: the handle's type). */
 typedef struct ah_spec {
+  struct ah_luv *lv;  /* the state's (a spec belongs to one state) */
   lua_CFunction orig;
   int kind;
   int pos, alt; /* callback position; alternative when pos is nil/absent */
