@@ -232,10 +232,12 @@ int ah_luv_rec_call(lua_State *L) {
 ** closure: this C code can use the core's own functions.  Switches the
 ** callback's context, lets luv call the user's function itself, restores.
 ** The caller checked that nothing below allocates (stack reserved, the
-** thread's anchor keys exist, the record's resource made, r's entry in
-** st->cb pushed).  Stack: [X args], while the callback runs
-** [X prev_res prev_frame fn args]. */
-enum { D_PRES = 1, D_PFRAME, D_NSAVED = D_PFRAME };
+** thread's anchor keys exist, r's entry in st->cb pushed).  Stack: [X
+** args], while the callback runs [X prev_res prev_frame res fn args].  A
+** record's resource is not anchored as the thread's (no anchor writes): R[s]
+** holds it, or the record itself when it has none yet (ah_luv_resource
+** makes it if asked for), and the stack keeps either alive. */
+enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int nargs, int nresults, int flags) {
   int base = lua_gettop(L) - nargs, ret;
@@ -244,14 +246,14 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
-  int marked = r && !(r->flags & REC_RES);
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
   else
     lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
+  if (r && (r->flags & REC_RES)) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
-  lua_rotate(L, base + 1, D_NSAVED + 1);
+  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
   /* switch (hook errors end the process) */
   st->slots[s].id = id;
   st->slots[s].trigger = r ? r->trigger : 0;
@@ -261,15 +263,8 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       ah_set_frame(L, s, -1);
       lua_pop(L, 1);
     }
-    if ((r->flags & REC_RES) || (had & A_RES)) {
-      if (r->flags & REC_RES) lua_getiuservalue(L, base, RV_RES); else lua_pushboolean(L, 0);
-      ah_set_resource(L, s, -1);
-      lua_pop(L, 1);
-    }
-    if (marked) { /* made if asked for: ah_luv_resource */
-      lua_pushvalue(L, base);
-      lua_rawseti(L, AH_UV_R, s);
-    }
+    lua_pushvalue(L, (r->flags & REC_RES) ? base + D_RES : base);
+    lua_rawseti(L, AH_UV_R, s);
     st->active += 2; /* the callback, and its entry in st->cb */
     if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
   } else {
@@ -294,7 +289,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   st->slots[s].trigger = ptrig;
   if ((had | st->slots[s].anchored) & A_RES) {
     ah_set_resource(L, s, pres);
-  } else if (marked) {
+  } else if (r) {
     lua_pushvalue(L, pres);
     lua_rawseti(L, AH_UV_R, s);
   }
@@ -305,7 +300,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   ah_flush_maybe(L, st);
   if (nresults == 0) {
     lua_settop(L, base - 1);
-  } else { /* [X pres pframe results] -> [results] */
+  } else { /* [X pres pframe res results] -> [results] */
     lua_rotate(L, base, -(D_NSAVED + 1));
     lua_pop(L, D_NSAVED + 1);
   }
