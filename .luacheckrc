@@ -18,5 +18,3 @@ files["lua/async_hooks/init.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }
--- a wrk script: wrk's globals
-files["bench/soak.lua"] = { globals = { "request", "response", "done", "setup", "init", "delay" }, read_globals = { "wrk" } }

@@ -109,3 +109,17 @@ dist: deps
 	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
 	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks scm-1
 	rm -rf $(DISTTREE)
+
+# OpenResty: the specs against a real nginx + lua-nginx-module started from a
+# temporary prefix on loopback (spec/20-openresty_spec.lua, tag #openresty),
+# and the OpenResty benchmark (BENCH_ARGS: rounds seconds callgrind-requests)
+OPENRESTY_PKGS := nginx-light libnginx-mod-http-lua lua-resty-core luajit2 wrk valgrind
+.PHONY: openresty openresty-deps openresty-bench
+openresty-deps:
+	@EXTRA_PKGS="$(OPENRESTY_PKGS)" ./.ci/deps
+
+openresty: openresty-deps build
+	$(call PATHS,$(TREE)) && $(BUSTED) --run=openresty $(BUSTED_ARGS)
+
+openresty-bench: openresty-deps build
+	$(call PATHS,$(TREE)) && $(LUA) bench/openresty.lua $(BENCH_ARGS)

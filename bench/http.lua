@@ -3,7 +3,7 @@
 -- AsyncLocal set per request, and with four empty hooks; Node's twin
 -- (bench/node_server.js: none, AsyncLocalStorage, empty hooks) in the same
 -- run.  All six servers run at once, pinned to CPU 0 (idle but one); wrk
--- runs pinned to CPU 1, against each server in turn, BENCH_HTTP_ROUNDS (15)
+-- runs pinned to CPU 1, against each server in turn, BENCH_HTTP_ROUNDS (11)
 -- rounds of BENCH_HTTP_SECONDS (1) each after a 1 s warm-up, the order
 -- reversed every other round.  A ratio is taken inside one round (paired);
 -- the rows report the median of the paired ratios.  Every server checks each
@@ -15,7 +15,7 @@ local U = require("util")
 local M = {}
 
 local SECONDS = tonumber(os.getenv("BENCH_HTTP_SECONDS")) or 1
-local ROUNDS = tonumber(os.getenv("BENCH_HTTP_ROUNDS")) or 15
+local ROUNDS = tonumber(os.getenv("BENCH_HTTP_ROUNDS")) or 11
 local CONNS = tonumber(os.getenv("BENCH_HTTP_CONNS")) or 50
 local TIMER_MS = 0
 

@@ -26,12 +26,17 @@ M.ROWS = {
 
 --- Further rows without a target, printed for the record.
 M.INFO = {
+  { "0 ms chain with a new timer per step (a request's sleep(0)), nothing set",
+    "timer_new", "installed", "timer_new", "raw" },
+  { "0 ms chain with a new timer per step, value set", "timer_new", "value", "timer_new", "raw" },
   { "luv idle chain (re-registered each step), nothing set", "idle_chain", "installed", "idle_chain", "raw" },
   { "luv idle chain, value set", "idle_chain", "value", "idle_chain", "raw" },
   { "luv idle chain, 4 empty hooks", "idle_chain", "hooks", "idle_chain", "raw" },
   { "resume/yield, installed, nothing set", "switch", "installed", "switch", "raw" },
   { "resume/yield, 4 empty hooks", "switch", "hooks", "switch", "raw" },
   { "create + run to completion, 4 empty hooks", "lifecycle", "hooks", "lifecycle", "raw" },
+  { "create + run to completion, value set, incremental GC", "lifecycle@inc", "value", "lifecycle@inc", "raw" },
+  { "0 ms timer chain, value set, incremental GC", "timer_chain@inc", "value", "timer_chain@inc", "raw" },
   { "`v:get()` vs `obj:m()` with `m` an own field of `obj`", "get", "installed", "method_own", "installed" },
   { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
     "get", "installed", "cfloor", "installed" },
@@ -39,7 +44,7 @@ M.INFO = {
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
-local SIZE = { timer_chain = 20000, idle_chain = 20000, switch = 50000, lifecycle = 20000,
+local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end
@@ -54,7 +59,7 @@ end
 local function measure(pairs_)
   local jobs = {}
   for _, p in ipairs(pairs_) do
-    local n = math.max(1, math.floor(SIZE[p[1]] * U.SCALE))
+    local n = math.max(1, math.floor(SIZE[p[1]:gsub("@inc$", "")] * U.SCALE))
     jobs[#jobs + 1] = { p = p, n = n, size = n + 1 }
     jobs[#jobs + 1] = { p = p, n = n, size = 1 }
   end
@@ -115,7 +120,7 @@ function M.run(info)
         print(("| %s | %.0f | %.0f | %.3fx | %s |"):format(row[1], a.ins, b.ins, ratio,
           row[6] and ("<= %.2fx"):format(row[6]) or "-"))
         if row[6] then
-          out[#out + 1] = { path = row[1], value = ("%.2fx"):format(ratio),
+          out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio),
             target = ("<= %.2fx"):format(row[6]), ok = ratio <= row[6] }
         end
       end

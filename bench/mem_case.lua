@@ -1,9 +1,11 @@
 --- One memory measurement for bench/memory.lua, in a fresh process:
---   lua5.4 bench/mem_case.lua <churn|suspended|pending> <generational|incremental> <variant> <n>
+--   lua5.4 bench/mem_case.lua <churn|suspended|pending> <generational|incremental> <variant> <n> [memcount.so]
 -- variant: "raw" (library loaded, not installed: raw coroutines and luv),
--- "installed" (nothing set) or "value" (an AsyncLocal set).  Prints one line
--- "RESULT key=value ...".
-local what, mode, variant, n = arg[1], arg[2], arg[3], tonumber(arg[4])
+-- "installed" (nothing set) or "value" (an AsyncLocal set).  memcount.so
+-- (bench/memcount.c, built by bench/memory.lua) measures everything malloc
+-- holds (Lua heap, luv, the library's C arrays); without it only the Lua
+-- heap is measured.  Prints one line "RESULT key=value ...".
+local what, mode, variant, n, so = arg[1], arg[2], arg[3], tonumber(arg[4]), arg[5]
 assert(mode == "generational" or mode == "incremental", "mode: generational or incremental")
 collectgarbage(mode)
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
@@ -25,6 +27,8 @@ local function full_gc()
   collectgarbage("collect")
   collectgarbage("collect")
 end
+local malloc_live = so and assert(package.loadlib(so, "luaopen_memcount"))()
+local function heap_bytes() return malloc_live and malloc_live() or collectgarbage("count") * 1024 end
 
 local cases = {}
 
@@ -61,36 +65,42 @@ function cases.churn()
   end
   requests(n // 10) -- warm-up: the library's tables reach their size
   full_gc()
-  local start, rss0 = collectgarbage("count"), U.rss_kb()
+  local start, rss0, m0 = collectgarbage("count"), U.rss_kb(), heap_bytes()
   peak = start
   local t = os.clock()
   requests(n)
   local dt = os.clock() - t
   full_gc()
-  return ("start=%.1f peak=%.1f end=%.1f rss_start=%d rss_end=%d ns=%.0f"):format(
-    start, peak, collectgarbage("count"), rss0, U.rss_kb(), dt / n * 1e9)
+  return ("start=%.1f peak=%.1f end=%.1f rss_start=%d rss_end=%d ns=%.0f malloc_start=%.0f malloc_end=%.0f"):format(
+    start, peak, collectgarbage("count"), rss0, U.rss_kb(), dt / n * 1e9, m0 / 1024, heap_bytes() / 1024)
 end
 
---- bytes kept per object while `keep` holds n of them; the smallest of three
--- measurements (tables that grew in an earlier one would otherwise count)
+--- bytes kept per object while `keep` holds n of them, three times: the
+-- first measurement also pays for the library's (and `keep`'s) tables
+-- growing to n entries; the smallest is the steady state, once they have
+-- grown.  "lua" counts the Lua heap; "bytes"/"first" count what malloc
+-- holds when memcount is there (else the Lua heap again).
 local function bytes_per(make, release)
-  local best = math.huge
+  local best, first, lua = math.huge, nil, math.huge
   for _ = 1, 3 do
     full_gc()
-    local before = collectgarbage("count")
+    local before, lbefore = heap_bytes(), collectgarbage("count")
     local keep = make(n)
     full_gc()
-    best = math.min(best, (collectgarbage("count") - before) * 1024 / n)
+    local b = (heap_bytes() - before) / n
+    first = first or b
+    best = math.min(best, b)
+    lua = math.min(lua, (collectgarbage("count") - lbefore) * 1024 / n)
     if release then release(keep) end
     keep = nil -- luacheck: ignore
   end
-  return best
+  return ("bytes=%.2f first=%.2f lua=%.2f counted=%d"):format(best, first, lua, malloc_live and 1 or 0)
 end
 
 --- a suspended coroutine (created, resumed once, waiting in a yield)
 function cases.suspended()
   local create, resume = co.create, co.resume
-  local b = bytes_per(function(k)
+  return bytes_per(function(k)
     local keep = {}
     for i = 1, k do
       local c = create(function() yield() end)
@@ -99,12 +109,11 @@ function cases.suspended()
     end
     return keep
   end)
-  return ("bytes=%.2f"):format(b)
 end
 
 --- a pending luv callback (a timer that would fire in a minute)
 function cases.pending()
-  local b = bytes_per(function(k)
+  return bytes_per(function(k)
     local ts = {}
     for i = 1, k do
       local tm = uv.new_timer()
@@ -116,7 +125,6 @@ function cases.pending()
     for _, tm in ipairs(ts) do tm:close() end
     uv.run("nowait")
   end)
-  return ("bytes=%.2f"):format(b)
 end
 
 local f = assert(cases[what], "unknown case " .. tostring(what))

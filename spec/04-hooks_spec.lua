@@ -302,7 +302,7 @@ describe("createHook", function()
         if round == 2 and i % 5 == 0 then co.close(cs[i]) else co.resume(cs[i]) end
       end
     end
-    cs = nil
+    cs = nil -- luacheck: ignore 311 (dropped for the collector)
     H.gc()
     boundary()
     local state = check_invariants(log)

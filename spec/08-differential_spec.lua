@@ -4,7 +4,7 @@
 -- library; every get(), id and hook event must agree.
 --   AH_DIFF_PROGRAMS=n  how many programs (default 3000)
 --   AH_DIFF_SEED=s      replay one seed, printing its program and traces
-local uv = require("luv")
+require("luv") -- on the main thread, before the library
 local ah = require("async_hooks")
 local model = require("support.model")
 local real = require("support.real")

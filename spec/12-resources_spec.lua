@@ -35,7 +35,7 @@ describe("luv resource fields", function()
     ah.install()
     inits, by_id = {}, {}
     track(ah.createHook {
-      init = function(id, type, trigger, res)
+      init = function(id, type, _, res)
         local e = { id = id, type = type, res = res }
         inits[#inits + 1] = e
         by_id[id] = e
@@ -98,6 +98,7 @@ describe("luv resource fields", function()
       assert.is_nil(err)
       here(seen, "open")
       uv.fs_read(fd, 5, 0, function(err2, data)
+        assert.is_nil(err2)
         assert.equal("hello", data)
         here(seen, "read")
         uv.fs_fstat(fd, function()

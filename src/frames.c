@@ -178,7 +178,7 @@ static int enter_error(lua_State *L, const char *fmt, int idx) {
 /* enter(v, value, fn) -> previous frame: the scope entry of run(); the
 ** caller holds the result in a to-be-closed variable, whose __close
 ** restores it.  Checks its arguments in the name of 'run'. */
-static int l_enter(lua_State *L) {
+static int l_enter_frame(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
   lua_settop(L, 3);
@@ -267,7 +267,7 @@ static int l_setter(lua_State *L) {
 /* enterer(message): enter whose errors are message(v, value, fn) */
 static int l_enterer(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  return closure_with(L, l_enter, 1);
+  return closure_with(L, l_enter_frame, 1);
 }
 
 /* number of live entries of a frame (tests and benchmarks) */
@@ -286,7 +286,7 @@ static int l_frame_size(lua_State *L) {
 const luaL_Reg ah_frame_funcs[] = {
   {"get", l_get},
   {"set", l_set},
-  {"enter", l_enter},
+  {"enter", l_enter_frame},
   {"swap", l_swap},
   {"current_frame", l_current_frame},
   {"empty_frame", l_empty_frame},

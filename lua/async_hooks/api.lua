@@ -136,7 +136,7 @@ return function(B)
 
   --- A set of option keys with its message form.
   local function keys(list)
-    local set = { [0] = concat(list, ", ") }
+    local set = { [0] = #list > 0 and concat(list, ", ") or "none" }
     for _, k in ipairs(list) do set[k] = true end
     return set
   end
@@ -543,8 +543,12 @@ return function(B)
     if type(type_name) ~= "string" or type_name == "" then
       error(badarg(1, "new", "non-empty string", type_name), 2)
     end
-    local msg, trigger, manual = check_resource_opts(opts)
-    if msg then error(msg, 2) end
+    local trigger, manual
+    if opts ~= nil then
+      local msg
+      msg, trigger, manual = check_resource_opts(opts)
+      if msg then error(msg, 2) end
+    end
     return make_resource(type_name, trigger, manual)
   end
 

@@ -64,7 +64,12 @@ end
 local KIND = { init = 1, before = 2, after = 3, destroy = 4 }
 
 function B.hook_count(kind)
-  return (select(KIND[kind], hook_counts()))
+  local i = KIND[kind]
+  if i == 4 then
+    local _, _, _, n = hook_counts()
+    return n
+  end
+  return (select(i, hook_counts()))
 end
 
 -- The core calls hook fields that are functions; a callable table is

@@ -1,0 +1,683 @@
+--- The OpenResty backend: contexts for ngx_lua (lua-nginx-module) on LuaJIT.
+--
+-- Plain Lua that LuaJIT compiles; no C core.  `api.lua` builds the public
+-- classes on top of it (see the interface comment there).
+--
+-- Where the context lives:
+--
+-- * A request's state `rs` is a table stored in its `ngx.ctx` under a private
+--   key (read with `rawget`).  It is the context record of the request's
+--   entry threads, so the rewrite/access/content/log handlers share it, and it
+--   dies with the request.  ngx_lua recycles Lua thread objects across
+--   requests; nothing here is keyed by a thread alone, so a recycled thread
+--   never sees another request's values.
+-- * Threads that the library starts for the request (coroutines made by
+--   `coroutine.create`/`wrap`, `ngx.thread.spawn` light threads) get their own
+--   record, `rs[thread]`, made when their body starts and removed when it
+--   returns.
+-- * A timer callback runs in a fake request with a fresh `ngx.ctx`: the
+--   trampoline puts a fresh `rs` there, starting in the frame captured by
+--   `ngx.timer.at`/`every` (carried as extra timer arguments).
+-- * Outside requests (init, init_worker) one top-level record, and one record
+--   per library coroutine in a weak table.
+--
+-- A frame is an immutable table {token -> value} (weak keys, so that
+-- `disable()` makes values collectable); `NILV` stands for an explicit nil.
+-- @module async_hooks.backend.ngx
+
+local ngx = ngx
+local type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, xpcall, error, tostring =
+  type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, xpcall, error, tostring
+local stdco = coroutine
+local co_running = stdco.running
+local debug = require("debug")
+
+local registry = debug.getregistry()
+local persist = registry["async_hooks.backend.ngx"]
+if persist and persist.backend then return persist.backend end
+persist = persist or {}
+registry["async_hooks.backend.ngx"] = persist
+
+local get_request = require("resty.core.base").get_request
+local get_ctx_table = require("resty.core.ctx").get_ctx_table
+
+local B = { name = "ngx", persist = persist }
+
+---------------------------------------------------------------------------
+-- frames
+---------------------------------------------------------------------------
+
+local NILV = {} -- an explicit nil in a frame
+local WEAKK = { __mode = "k" }
+local EMPTY = setmetatable({}, WEAKK)
+local TOKMT = { __name = "async_hooks.token" }
+local KEY = {} -- our key in ngx.ctx
+
+--- a frame like `frame` with `tok` set to `value`
+local function with(frame, tok, value)
+  if value == nil then value = NILV end
+  if frame == EMPTY then return setmetatable({ [tok] = value }, WEAKK) end
+  local nf = {}
+  for k, v in pairs(frame) do nf[k] = v end
+  nf[tok] = value
+  return setmetatable(nf, WEAKK)
+end
+
+function B.newtoken()
+  return setmetatable({}, TOKMT)
+end
+
+function B.empty_frame() return EMPTY end
+
+---------------------------------------------------------------------------
+-- ids and the current record
+---------------------------------------------------------------------------
+
+local TOPRES = {}
+local TOP = { frame = EMPTY, id = 1, trigger = 0, res = TOPRES }
+local top_threads = setmetatable({}, WEAKK) -- coroutines outside requests
+local next_id = 2
+
+-- ngx.ctx without making it: resty.core keeps the ctx tables in a registry
+-- table indexed by the request's ctx ref (lua-resty-core 0.1.x); when that
+-- is not there, fall back to get_ctx_table (which makes the ctx).
+local ffi = require("ffi")
+local get_ctx_ref = ffi.C.ngx_http_lua_ffi_get_ctx_ref -- declared by resty.core.ctx
+local ctxs = registry.ngx_lua_ctx_tables
+
+-- the request's state if it has one yet: rs, or nil; false outside requests
+local function peek()
+  local r = get_request()
+  if r == nil then return false end
+  local ref = get_ctx_ref(r, nil, nil)
+  if ref < 0 then return nil end
+  local ctx = ctxs[ref]
+  return ctx ~= nil and rawget(ctx, KEY) or nil
+end
+if type(ctxs) ~= "table" then
+  peek = function()
+    if get_request() == nil then return false end
+    return rawget(get_ctx_table(), KEY)
+  end
+end
+
+-- Timer callbacks: the record of the callback running in a fake request,
+-- kept here by the request's address (not in its ngx.ctx, which would cost
+-- a ctx per run; not by Lua thread: coroutine.running() is not compiled)
+-- while the callback runs.  A record is valid only in the timer phase.
+-- `timer_live` counts the records: callbacks running, or ended without
+-- returning (an error, ngx.exit).  While it is not 0, every timer registered
+-- through the library starts by removing a record left at its own address
+-- (a record there is stale: its timer is over), so the record of a callback
+-- that raised is never seen by a later timer that reuses the address.
+local timer_recs = {}
+local timer_live = 0
+local get_raw_phase = ngx.get_raw_phase
+local TIMER_PHASE = 0x0080
+-- the address as a Lua number, through 32-bit halves (which the FFI reads
+-- as numbers; tonumber of a 64-bit cdata aborts traces here)
+local ptrbox = ffi.new("union { const void *p; uint32_t w[2]; }")
+
+local function addr(r)
+  ptrbox.p = r
+  return ptrbox.w[0] + ptrbox.w[1] * 4294967296
+end
+
+local function timer_rec()
+  if timer_live == 0 then return nil end
+  local r = get_request()
+  local rec = timer_recs[addr(r)]
+  if rec ~= nil and (get_raw_phase == nil or get_raw_phase(r) == TIMER_PHASE) then return rec end
+  return nil
+end
+
+-- a request's state: the record of its entry threads ({frame, id, trigger,
+-- res}), `n` records of library threads keyed by their Lua thread.  In a
+-- timer callback, its record becomes the state.
+local function new_reqstate()
+  local rs = timer_rec() or { frame = EMPTY, trigger = 1, n = 0 }
+  rawset(get_ctx_table(), KEY, rs)
+  return rs
+end
+
+-- the state of the request running now, made on first use; nil outside
+-- requests
+local function reqstate()
+  local rs = peek()
+  if rs then return rs end
+  if rs == false then return nil end
+  return new_reqstate()
+end
+
+-- the record of what runs now, made when missing
+local function current()
+  local rs = peek()
+  if rs then
+    if rs.n == 0 then return rs end
+    return rs[co_running()] or rs
+  end
+  if rs == false then
+    local co = co_running()
+    return co and top_threads[co] or TOP
+  end
+  return timer_rec() or new_reqstate()
+end
+
+-- the frame of what runs now (makes nothing)
+local function frame_now()
+  local rs = peek()
+  if rs then
+    if rs.n == 0 then return rs.frame end
+    return (rs[co_running()] or rs).frame
+  end
+  if rs == false then
+    local co = co_running()
+    return (co and top_threads[co] or TOP).frame
+  end
+  local rec = timer_rec()
+  if rec ~= nil then return rec.frame end
+  return EMPTY
+end
+
+-- the record's id, made when first needed (requests get theirs lazily)
+local function id_of(rec)
+  local id = rec.id
+  if id == nil then
+    id = next_id
+    next_id = id + 1
+    rec.id = id
+  end
+  return id
+end
+
+function B.current_frame() return frame_now() end
+
+function B.executionAsyncId() return id_of(current()) end
+
+function B.triggerAsyncId() return current().trigger end
+
+function B.executionAsyncResource()
+  local rec = current()
+  local res = rec.res
+  if res == nil then
+    res = {}
+    if rec.co then res.thread = rec.co end
+    rec.res = res
+  end
+  return res
+end
+
+function B.new_ids(trigger)
+  if trigger == nil then trigger = id_of(current()) end
+  local id = next_id
+  next_id = id + 1
+  return id, trigger
+end
+
+---------------------------------------------------------------------------
+-- hooks
+---------------------------------------------------------------------------
+
+local KINDS = { "init", "before", "after", "destroy" }
+local order = persist.order or {} -- enabled hooks, in enabling order
+persist.order = order
+local lists = { init = {}, before = {}, after = {}, destroy = {} }
+local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
+local dispatching, dirty = 0, false
+local dqueue, dq_n = {}, 0 -- queued destroys
+
+local function rebuild()
+  local nl = {}
+  for _, k in pairs(KINDS) do
+    local l = {}
+    for i = 1, #order do
+      local f = order[i][k]
+      if f ~= nil then l[#l + 1] = f end
+    end
+    nl[k] = l
+  end
+  lists = nl
+  n_init, n_before, n_after, n_destroy = #nl.init, #nl.before, #nl.after, #nl.destroy
+  dirty = false
+end
+rebuild()
+
+local function fatal_handler(e)
+  return debug.traceback(tostring(e), 2)
+end
+
+local function fatal(kind, msg)
+  local text = ("async_hooks: error in %s hook (fatal): %s\n"):format(kind, msg)
+  io.stderr:write(text)
+  if ngx.log then ngx.log(ngx.ALERT, text) end
+  os.exit(1)
+end
+
+local flush
+
+local function dispatch(kind, list, a, b, c, d)
+  dispatching = dispatching + 1
+  for i = 1, #list do
+    local ok, e = xpcall(list[i], fatal_handler, a, b, c, d)
+    if not ok then fatal(kind, e) end
+  end
+  dispatching = dispatching - 1
+  if dispatching == 0 then
+    if dirty then rebuild() end
+    if dq_n > 0 then flush() end
+  end
+end
+
+function flush()
+  if dispatching > 0 then return end
+  while dq_n > 0 do
+    local q, n = dqueue, dq_n
+    dqueue, dq_n = {}, 0
+    for i = 1, n do
+      if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+    end
+  end
+end
+
+local function queue_destroy(id)
+  if n_destroy > 0 then
+    dq_n = dq_n + 1
+    dqueue[dq_n] = id
+  end
+end
+
+function B.emit_init(id, type_, trigger, resource)
+  if n_init > 0 then dispatch("init", lists.init, id, type_, trigger, resource) end
+end
+
+local function emit_before(id)
+  if n_before > 0 then dispatch("before", lists.before, id) end
+end
+
+local function emit_after(id)
+  if n_after > 0 then dispatch("after", lists.after, id) end
+end
+
+function B.emit_destroy(id)
+  if n_destroy > 0 then
+    queue_destroy(id)
+    flush()
+  end
+end
+
+function B.hook_count(kind)
+  if kind == "init" then return n_init
+  elseif kind == "before" then return n_before
+  elseif kind == "after" then return n_after
+  elseif kind == "destroy" then return n_destroy end
+  return 0
+end
+
+local function changed()
+  if dispatching > 0 then dirty = true else rebuild() end
+end
+
+function B.hook_enable(h)
+  for i = 1, #order do if order[i] == h then return end end
+  order[#order + 1] = h
+  changed()
+end
+
+function B.hook_disable(h)
+  for i = 1, #order do
+    if order[i] == h then
+      table.remove(order, i)
+      changed()
+      return
+    end
+  end
+end
+
+-- destroy on collection: a proxy whose finalizer queues the destroy (it is
+-- delivered at the next library call that dispatches, never inside __gc)
+local newproxy = newproxy
+local tok_id = setmetatable({}, WEAKK)
+local TOKPROXY = newproxy(true)
+getmetatable(TOKPROXY).__gc = function(p)
+  local id = tok_id[p]
+  if id then queue_destroy(id) end
+end
+
+function B.gc_token(id)
+  local p = newproxy(TOKPROXY)
+  tok_id[p] = id
+  return p
+end
+
+function B.gc_token_cancel(tok)
+  tok_id[tok] = nil
+end
+
+---------------------------------------------------------------------------
+-- values and scopes
+---------------------------------------------------------------------------
+
+local function typename(v)
+  local mt = getmetatable(v)
+  if type(mt) == "table" and type(mt.__name) == "string" then return mt.__name end
+  return type(v)
+end
+
+local function classname(class)
+  if type(class) == "table" then return class.__name end
+  return class
+end
+
+local function selferror(method, class, self)
+  error(("calling '%s' on bad self (%s expected, got %s)"):format(method, classname(class), typename(self)), 3)
+end
+
+function B.getter(method, class)
+  return function(self)
+    local tok = type(self) == "table" and rawget(self, 1)
+    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    local v = frame_now()[tok]
+    if v == nil then return self.default end
+    if v == NILV then return nil end
+    return v
+  end
+end
+
+function B.setter(method, class)
+  return function(self, value)
+    local tok = type(self) == "table" and rawget(self, 1)
+    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    local rec = current()
+    rec.frame = with(rec.frame, tok, value)
+  end
+end
+
+local function restore_frame(rec, saved, ok, ...)
+  rec.frame = saved
+  if ok then return ... end
+  error((...), 0)
+end
+
+function B.run_with(obj, value, fn, ...)
+  local rec = current()
+  local saved = rec.frame
+  rec.frame = with(saved, obj[1], value)
+  return restore_frame(rec, saved, pcall(fn, ...))
+end
+
+function B.run_in_frame(frame, fn, ...)
+  local rec = current()
+  local saved = rec.frame
+  rec.frame = frame
+  return restore_frame(rec, saved, pcall(fn, ...))
+end
+
+local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
+  emit_after(id)
+  rec.id, rec.trigger, rec.res, rec.frame = sid, strig, sres, sframe
+  if dq_n > 0 then flush() end
+  if ok then return ... end
+  error((...), 0)
+end
+
+function B.run_in_scope(id, trigger, resource, frame, fn, ...)
+  local rec = current()
+  local sid, strig, sres, sframe = rec.id, rec.trigger, rec.res, rec.frame
+  rec.id, rec.trigger, rec.res, rec.frame = id, trigger, resource, frame
+  emit_before(id)
+  return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
+end
+
+---------------------------------------------------------------------------
+-- threads: coroutines, light threads, timers
+---------------------------------------------------------------------------
+
+-- where a thread started by the library keeps its record: the request's
+-- state, or the weak top-level table
+local function home()
+  return reqstate() or top_threads
+end
+
+-- a new resource made from the record `parent`: id, trigger, resource table
+-- (made now only when an init hook will see it)
+local function new_resource(parent, type_)
+  local trigger = id_of(parent)
+  local id = next_id
+  next_id = id + 1
+  local res, tok
+  if n_init > 0 then
+    res = {}
+    B.emit_init(id, type_, trigger, res)
+  end
+  if n_destroy > 0 then tok = B.gc_token(id) end
+  return id, trigger, res, tok
+end
+
+-- the body of a thread returned: after, forget the record, destroy
+local function body_done(where, co, rec, ...)
+  emit_after(rec.id)
+  if where[co] == rec then
+    where[co] = nil
+    if where ~= top_threads then where.n = where.n - 1 end
+  end
+  local tok = rec.tok
+  if tok ~= nil then
+    tok_id[tok] = nil
+    B.emit_destroy(rec.id)
+  end
+  return ...
+end
+
+-- start the record of the running thread; returns it and where it lives
+local function body_start(frame, id, trigger, res, tok)
+  local co = co_running()
+  local where = home()
+  if res ~= nil then res.thread = co end
+  local rec = { frame = frame, id = id, trigger = trigger, res = res, tok = tok, co = co }
+  if where ~= top_threads then where.n = where.n + 1 end
+  where[co] = rec
+  if dq_n > 0 then flush() end
+  emit_before(id)
+  return where, co, rec
+end
+
+-- the coroutine functions ours call: ngx_lua's (as found at install)
+local std = { create = stdco.create, wrap = stdco.wrap }
+
+local function co_body(f, frame, id, trigger, res, tok)
+  return function(...)
+    local where, co, rec = body_start(frame, id, trigger, res, tok)
+    return body_done(where, co, rec, f(...))
+  end
+end
+
+local function co_create(f)
+  if type(f) ~= "function" then return std.create(f) end
+  local parent = current()
+  local id, trigger, res, tok = new_resource(parent, "coroutine")
+  return std.create(co_body(f, parent.frame, id, trigger, res, tok))
+end
+
+local function co_wrap(f)
+  if type(f) ~= "function" then return std.wrap(f) end
+  local parent = current()
+  local id, trigger, res, tok = new_resource(parent, "coroutine")
+  return std.wrap(co_body(f, parent.frame, id, trigger, res, tok))
+end
+
+B.coroutine = {
+  create = co_create, wrap = co_wrap,
+  resume = stdco.resume, yield = stdco.yield, status = stdco.status,
+  running = stdco.running, isyieldable = stdco.isyieldable,
+}
+
+-- light threads
+local function thread_body(f, frame, id, trigger, res, tok, ...)
+  local where, co, rec = body_start(frame, id, trigger, res, tok)
+  return body_done(where, co, rec, f(...))
+end
+
+local function make_spawn(real)
+  return function(f, ...)
+    if type(f) ~= "function" then return real(f, ...) end
+    local parent = current()
+    local id, trigger, res, tok = new_resource(parent, "ngx.thread")
+    return real(thread_body, f, parent.frame, id, trigger, res, tok, ...)
+  end
+end
+
+-- a killed thread never returns: forget its record now
+local function make_kill(real)
+  return function(t, ...)
+    local ok, err = real(t, ...)
+    if ok then
+      local where = home()
+      local rec = where[t]
+      if rec ~= nil then
+        where[t] = nil
+        if where ~= top_threads then where.n = where.n - 1 end
+        if rec.tok ~= nil then
+          tok_id[rec.tok] = nil
+          B.emit_destroy(rec.id)
+        end
+      end
+    end
+    return ok, err
+  end
+end
+
+-- timers: every run of the callback is a fake request; the trampoline
+-- keeps the callback's record for that run (see timer_rec)
+-- start a timer callback's record (replacing a stale one at the address)
+local function timer_start(key, rec)
+  if timer_recs[key] == nil then timer_live = timer_live + 1 end
+  timer_recs[key] = rec
+end
+
+local function timer_stop(key, rec)
+  if timer_recs[key] == rec then
+    timer_recs[key] = nil
+    timer_live = timer_live - 1
+  end
+end
+
+local function timer_end(key, rec, last, tok, ...)
+  emit_after(rec.id)
+  timer_stop(key, rec)
+  if last and tok ~= nil then
+    tok_id[tok] = nil
+    B.emit_destroy(rec.id)
+  end
+  return ...
+end
+
+local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
+  local key = addr(get_request())
+  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  timer_start(key, rec)
+  if dq_n > 0 then flush() end
+  emit_before(id)
+  return timer_end(key, rec, once or premature, tok, f(premature, ...))
+end
+
+-- the same without extra arguments: no vararg forwarding, which LuaJIT
+-- does not compile (ngx_lua ignores what a timer callback returns)
+local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
+  local key = addr(get_request())
+  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  timer_start(key, rec)
+  if dq_n > 0 then flush() end
+  if n_before > 0 then emit_before(id) end
+  f(premature)
+  if n_after > 0 then emit_after(id) end
+  timer_stop(key, rec)
+  if tok ~= nil and (once or premature) then
+    tok_id[tok] = nil
+    B.emit_destroy(id)
+  end
+end
+
+-- a timer nobody can observe, registered while a stale record may exist:
+-- removes the one at its own address, then runs as it is
+local function clear_stale()
+  local key = addr(get_request())
+  if timer_recs[key] ~= nil then
+    timer_recs[key] = nil
+    timer_live = timer_live - 1
+  end
+end
+
+local function timer_plain(premature, f, ...)
+  clear_stale()
+  return f(premature, ...)
+end
+
+local function timer_plain0(premature, f)
+  clear_stale()
+  return f(premature)
+end
+
+local function make_timer(real, once)
+  return function(delay, f, ...)
+    if type(f) ~= "function" then return real(delay, f, ...) end
+    local nargs = select("#", ...)
+    -- nothing can observe the registration (no hook, empty frame): the
+    -- callback runs as it is, in its fake request's fresh, empty context
+    if n_init + n_before + n_after + n_destroy == 0 and frame_now() == EMPTY then
+      if timer_live == 0 then return real(delay, f, ...) end
+      if nargs == 0 then return real(delay, timer_plain0, f) end
+      return real(delay, timer_plain, f, ...)
+    end
+    local parent = current()
+    local id, trigger, res, tok = new_resource(parent, "ngx.timer")
+    local ok, err
+    if nargs == 0 then
+      ok, err = real(delay, timer_cb0, once, f, parent.frame, id, trigger, res, tok)
+    else
+      ok, err = real(delay, timer_cb, once, f, parent.frame, id, trigger, res, tok, ...)
+    end
+    if not ok and tok ~= nil then -- never runs
+      tok_id[tok] = nil
+      B.emit_destroy(id)
+    end
+    return ok, err
+  end
+end
+
+---------------------------------------------------------------------------
+-- install
+---------------------------------------------------------------------------
+
+B.install_options = {}
+
+--- Patch coroutine.create/wrap, ngx.thread.spawn/kill, ngx.timer.at/every.
+function B.install()
+  if persist.orig then return end
+  local t, tm = ngx.thread, ngx.timer
+  local o = {
+    create = stdco.create, wrap = stdco.wrap,
+    spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
+  }
+  std.create, std.wrap = o.create, o.wrap
+  stdco.create, stdco.wrap = co_create, co_wrap
+  t.spawn, t.kill = make_spawn(o.spawn), make_kill(o.kill)
+  tm.at, tm.every = make_timer(o.at, true), make_timer(o.every, false)
+  persist.orig = o
+end
+
+--- Restore every patched function.
+function B.uninstall()
+  local o = persist.orig
+  if not o then return end
+  stdco.create, stdco.wrap = o.create, o.wrap
+  ngx.thread.spawn, ngx.thread.kill = o.spawn, o.kill
+  ngx.timer.at, ngx.timer.every = o.at, o.every
+  persist.orig = nil
+end
+
+function B.installed()
+  return persist.orig ~= nil
+end
+
+persist.backend = B
+return B

@@ -1,0 +1,195 @@
+-- OpenResty: the same require("async_hooks") inside a real nginx with
+-- lua-nginx-module (LuaJIT), driven over HTTP from Lua 5.4.
+-- Suite of its own: `make openresty` (busted --run=openresty).
+local N = require("support.nginx")
+
+local function app(fn) return ("content_by_lua_block { require('ah_ngx_app').%s() }"):format(fn) end
+
+local SERVER = table.concat({
+  "location /iso { " .. app("isolation") .. " }",
+  [[location /phase {
+      rewrite_by_lua_block { require('ah_ngx_app').phase_rewrite() }
+      access_by_lua_block { require('ah_ngx_app').phase_access() }
+      content_by_lua_block { require('ah_ngx_app').phase_content() }
+      log_by_lua_block { require('ah_ngx_app').phase_log() }
+    }]],
+  "location /phase_read { " .. app("phase_read") .. " }",
+  "location /recycle { " .. app("recycle") .. " }",
+  "location /recycle_stats { " .. app("recycle_stats") .. " }",
+  "location /coroutines { " .. app("coroutines") .. " }",
+  "location /threads { " .. app("threads") .. " }",
+  "location /timers { " .. app("timers") .. " }",
+  "location /timer_error { " .. app("timer_error") .. " }",
+  "location /timer_after_error { " .. app("timer_after_error") .. " }",
+  "location /scopes { " .. app("scopes") .. " }",
+  "location /hooks { " .. app("hooks") .. " }",
+  "location /ids { " .. app("ids") .. " }",
+  "location /bad_input { " .. app("bad_input") .. " }",
+  "location /soak { " .. app("soak") .. " }",
+  "location /soak_stats { " .. app("soak_stats") .. " }",
+  [[location /uninstall { content_by_lua_block {
+      local ah = require("async_hooks")
+      local t = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      local o = ORIGINALS
+      local patched, restored = 0, 0
+      for i = 1, #t do if t[i] ~= o[i] then patched = patched + 1 end end
+      ah.uninstall()
+      local u = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      for i = 1, #u do if u[i] == o[i] then restored = restored + 1 end end
+      local installed = ah.installed()
+      ah.uninstall()
+      ah.install(); ah.install()
+      ngx.say(patched, " ", restored, " ", tostring(installed), " ", tostring(ah.installed()))
+    } }]],
+}, "\n    ")
+
+local HTTP = [[
+  lua_shared_dict ah 4m;
+  init_by_lua_block {
+    ORIGINALS = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+    require("async_hooks").install()
+  }
+]]
+
+local function lines(s)
+  local t = {}
+  for l in (s or ""):gmatch("[^\n]+") do t[#t + 1] = l end
+  return t
+end
+
+describe("#openresty async_hooks in nginx + ngx_lua", function()
+  local srv
+
+  setup(function()
+    srv = N.start { http = HTTP, server = SERVER }
+  end)
+
+  teardown(function()
+    if srv then srv:stop() end
+  end)
+
+  local function get(path)
+    local st, body = srv:get(path)
+    assert.are.equal(200, st, body)
+    return (body:gsub("\n$", ""))
+  end
+
+  it("picks the ngx backend; a request has its own id, trigger 1, one resource", function()
+    assert.are.equal("true true 1 true ngx true", get("/ids"))
+  end)
+
+  it("isolates concurrent requests that sleep between set and get (coroutine, light thread, timer)", function()
+    local paths = {}
+    for i = 1, 60 do paths[i] = "/iso?id=" .. i end
+    local res = srv:get_many(paths, 20)
+    for i = 1, 60 do
+      assert.are.equal(200, res[i][1], res[i][2])
+      assert.are.equal(("nil %d %d %d %d %d\n"):format(i, i, i, i, i), res[i][2])
+    end
+  end)
+
+  it("shares the request's context between rewrite, access, content and log", function()
+    local res = srv:get_many({ "/phase?id=1", "/phase?id=2", "/phase?id=3" })
+    for i = 1, 3 do
+      assert.are.equal(("r-%d r-%d+a kept\n"):format(i, i), res[i][2])
+    end
+    for i = 1, 3 do
+      assert.are.equal(("r-%d|r-%d+a"):format(i, i), get("/phase_read?id=" .. i))
+    end
+  end)
+
+  it("never hands a request's values to the next request on a recycled Lua thread", function()
+    for i = 1, 40 do
+      assert.are.equal(("nil dflt %d"):format(i), get("/recycle?id=" .. i))
+    end
+    -- the test means something only if ngx_lua did reuse thread objects:
+    -- entry threads that had run an earlier request's handler, light
+    -- thread, coroutine or timer
+    local total, reused = get("/recycle_stats"):match("^(%d+) (%S+)$")
+    assert.are.equal(40, tonumber(total))
+    assert.is_true((tonumber(reused) or 0) >= 10, "threads were not recycled: " .. reused)
+  end)
+
+  it("coroutine.create/wrap capture at creation and keep their own context", function()
+    assert.are.equal(
+      "outer1 changed inner2 inner changed changed changed level1 late late",
+      get("/coroutines"))
+  end)
+
+  it("ngx.thread.spawn captures at spawn; threads are isolated while they sleep; kill leaves nothing", function()
+    assert.are.equal("parent2 parent! t1 parent2 t2 parent2 parent2", get("/threads"))
+  end)
+
+  it("a timer callback that raises leaves nothing for the timers that reuse its memory", function()
+    for i = 1, 5 do
+      assert.are.equal("err-" .. i, get("/timer_error?id=" .. i))
+      assert.are.equal("0 0 nil " .. i, get("/timer_after_error?id=" .. i))
+    end
+    assert.matches("expected%-boom 5", srv:errors())
+  end)
+
+  it("ngx.timer.at/every run in the frame captured at registration, every run afresh", function()
+    assert.are.equal("1 at-7:xy:false leak every-7,every-7,every-7 after", get("/timers?id=7"))
+  end)
+
+  it("scopes restore on return and error and hold across yields for their thread only", function()
+    assert.are.equal(table.concat({
+      "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base",
+      "latebase", "base", "nildflt", "later", "store", "nil", "later",
+    }, " "), get("/scopes"))
+  end)
+
+  it("hooks: init/before/after/destroy for coroutines, light threads, timers, AsyncResource", function()
+    local l = lines(get("/hooks"))
+    assert.are.same({ "truetruetrue", "true", "true", "truetrue" }, { l[1], l[2], l[3], l[4] })
+    assert.are.equal(table.concat({
+      "init coroutine table", "co", "before", "after", "destroy",
+      "thread", "init ngx.thread table", "before", "after", "destroy",
+      "timer", "init ngx.timer table", "before", "after", "destroy",
+      "resource", "init mine table", "before", "after", "destroy",
+    }, ","), l[5])
+  end)
+
+  it("raises the same errors for bad input as on Lua 5.4", function()
+    local here = get("/bad_input")
+    local ah = require("async_hooks")
+    local cases = require("support.ah_bad_input")(ah)
+    assert.are.same(cases, lines(here))
+    assert.are.equal(33, #cases)
+  end)
+
+  it("uninstall restores every patched function exactly; install is idempotent", function()
+    assert.are.equal("6 6 false true", get("/uninstall"))
+  end)
+
+  it("soak: a few seconds of wrk, zero mismatches", function()
+    local secs = tonumber(os.getenv("AH_OPENRESTY_SOAK") or "3")
+    local cmd = ("wrk -t2 -c32 -d%ds %s 2>&1"):format(secs, srv:url("/soak"))
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    assert.matches("requests in", out)
+    local requests, timers, bad
+    for _ = 1, 100 do
+      requests, timers, bad = get("/soak_stats"):match("^(%S+) (%S+) (%S+)$")
+      if requests == timers then break end
+      require("luv").sleep(20)
+    end
+    assert.is_true(tonumber(requests) > 100, out)
+    assert.are.equal(requests, timers)
+    assert.are.equal("0", bad)
+  end)
+
+  it("leaves no Lua error in nginx's error log", function()
+    local log = {}
+    for l in srv:errors():gmatch("[^\n]+") do
+      if not l:match("expected%-boom") and not l:match("^stack traceback") and not l:match("^%s") then
+        log[#log + 1] = l
+      end
+    end
+    log = table.concat(log, "\n")
+    assert.is_nil(log:match("runtime error"), log)
+    assert.is_nil(log:match("aborted"), log)
+    assert.is_nil(log:match("%[alert%]"), log)
+  end)
+end)

@@ -1,0 +1,400 @@
+-- The handlers of the OpenResty specs (loaded inside nginx; LuaJIT).
+-- Each handler answers with a short text the spec compares.
+local ah = require("async_hooks")
+local AsyncLocal, Snapshot = ah.AsyncLocal, ah.Snapshot
+
+local A = {}
+
+local rid = AsyncLocal.new { name = "rid" }
+local other = AsyncLocal.new { name = "other", default = "dflt" }
+A.rid, A.other = rid, other
+
+local concat, tostring = table.concat, tostring
+
+local function say(t) ngx.say(concat(t, " ")) end
+local function arg(name) return ngx.var["arg_" .. name] end
+local function s(v) return tostring(v) end
+
+-- a tiny sleep, different per request, so that requests interleave
+local function jitter(id)
+  ngx.sleep((tonumber(id) or 0) % 7 * 0.002)
+end
+
+--- set, sleep, then read back through every carrier
+function A.isolation()
+  local id = arg("id")
+  local before = rid:get()
+  rid:set(id)
+  jitter(id)
+  local out = { s(before), rid:get() }
+  -- coroutine (created after the sleep)
+  local co = coroutine.create(function()
+    ngx.sleep(0.001)
+    return rid:get()
+  end)
+  local _, r = coroutine.resume(co)
+  while coroutine.status(co) ~= "dead" do _, r = coroutine.resume(co) end
+  out[#out + 1] = s(r)
+  -- light thread
+  local th = ngx.thread.spawn(function()
+    jitter(id)
+    return rid:get()
+  end)
+  local _, got = ngx.thread.wait(th)
+  out[#out + 1] = s(got)
+  -- timer hand-off, read back through a shared dict
+  local dict = ngx.shared.ah
+  local key = "iso" .. id
+  ngx.timer.at(0, function()
+    jitter(id)
+    dict:set(key, rid:get())
+  end)
+  for _ = 1, 200 do
+    if dict:get(key) then break end
+    ngx.sleep(0.002)
+  end
+  out[#out + 1] = s(dict:get(key))
+  dict:delete(key)
+  out[#out + 1] = rid:get()
+  say(out)
+end
+
+--- rewrite/access/content/log share the request's context
+function A.phase_rewrite()
+  ngx.ctx.user_field = "kept" -- user data in ngx.ctx lives next to ours
+  rid:set("r-" .. arg("id"))
+end
+
+function A.phase_access()
+  ngx.sleep(0.001)
+  other:set(rid:get() .. "+a")
+end
+
+function A.phase_content()
+  ngx.sleep(0.001)
+  say { rid:get(), other:get(), ngx.ctx.user_field }
+end
+
+function A.phase_log()
+  ngx.shared.ah:set("log" .. arg("id"), rid:get() .. "|" .. other:get())
+end
+
+function A.phase_read()
+  say { s(ngx.shared.ah:get("log" .. arg("id"))) }
+end
+
+--- sequential requests on recycled threads: each starts empty
+local function seen(d)
+  return d:incr("seen" .. tostring(coroutine.running()), 1, 0) > 1
+end
+
+function A.recycle()
+  local id = arg("id")
+  local d = ngx.shared.ah
+  local out = { s(rid:get()), s(other:get()) }
+  d:incr("entries", 1, 0)
+  if seen(d) then d:incr("reused", 1, 0) end
+  rid:set(id)
+  other:set(id)
+  -- a light thread, a coroutine and a timer that set values and end: their
+  -- Lua threads go back to ngx_lua's cache too
+  local th = ngx.thread.spawn(function() seen(d); rid:set("thread-" .. id); ngx.sleep(0) end)
+  ngx.thread.wait(th)
+  coroutine.wrap(function() seen(d); rid:set("co-" .. id) end)()
+  ngx.timer.at(0, function() seen(d); rid:set("timer-" .. id) end)
+  out[#out + 1] = rid:get()
+  say(out)
+end
+
+function A.recycle_stats()
+  local d = ngx.shared.ah
+  say { s(d:get("entries")), s(d:get("reused")) }
+end
+
+--- coroutines: capture at creation, own context per coroutine
+function A.coroutines()
+  local out = {}
+  rid:set("outer")
+  local co = coroutine.create(function(a)
+    out[#out + 1] = rid:get() .. a            -- captured at create
+    rid:set("inner")
+    local b = coroutine.yield()
+    out[#out + 1] = rid:get() .. b            -- own value across the yield
+    ngx.sleep(0.001)
+    out[#out + 1] = rid:get()                 -- and across ngx.sleep
+    return "done"
+  end)
+  rid:set("changed")                          -- after create: not seen inside
+  coroutine.resume(co, 1)
+  out[#out + 1] = rid:get()                   -- inner set does not leak
+  coroutine.resume(co, 2)
+  out[#out + 1] = rid:get()
+  local f = coroutine.wrap(function()
+    out[#out + 1] = rid:get()
+    coroutine.yield()
+    out[#out + 1] = rid:get()
+  end)
+  rid:set("late")
+  f()
+  f()
+  -- nested: a coroutine made inside a coroutine captures the inner value
+  local outer = coroutine.wrap(function()
+    rid:set("level1")
+    local inner = coroutine.wrap(function() return rid:get() end)
+    rid:set("level1b")
+    return inner()
+  end)
+  out[#out + 1] = outer()
+  out[#out + 1] = rid:get()
+  -- the drop-in library works the same without install
+  local co2 = ah.coroutine.create(function() return rid:get() end)
+  rid:set("after-dropin")
+  out[#out + 1] = select(2, coroutine.resume(co2))
+  say(out)
+end
+
+--- light threads: capture at spawn, isolation while both sleep
+function A.threads()
+  local out = {}
+  rid:set("parent")
+  local t1 = ngx.thread.spawn(function(x)
+    local a = rid:get()
+    rid:set("t1")
+    ngx.sleep(0.01)
+    return a .. x, rid:get()
+  end, "!")
+  rid:set("parent2")
+  local t2 = ngx.thread.spawn(function()
+    ngx.sleep(0.005)
+    local a = rid:get()
+    rid:set("t2")
+    ngx.sleep(0.01)
+    return a, rid:get()
+  end)
+  ngx.sleep(0.007)
+  out[#out + 1] = rid:get()
+  local _, a1, b1 = ngx.thread.wait(t1)
+  local _, a2, b2 = ngx.thread.wait(t2)
+  out[#out + 1] = a1
+  out[#out + 1] = b1
+  out[#out + 1] = a2
+  out[#out + 1] = b2
+  out[#out + 1] = rid:get()
+  -- a killed thread leaves nothing behind
+  local t3 = ngx.thread.spawn(function() rid:set("t3"); ngx.sleep(1) end)
+  ngx.thread.kill(t3)
+  out[#out + 1] = rid:get()
+  say(out)
+end
+
+--- timers: ngx.timer.at and ngx.timer.every capture at registration
+function A.timers()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  rid:set("at-" .. id)
+  ngx.timer.at(0.001, function(premature, x, y)
+    d:set("t_at" .. id, rid:get() .. ":" .. x .. y .. ":" .. tostring(premature))
+    rid:set("leak")
+    -- a timer made inside a timer captures the timer's context
+    ngx.timer.at(0, function() d:set("t_nested" .. id, rid:get()) end)
+  end, "x", "y")
+  rid:set("every-" .. id)
+  local runs = 0
+  local seen = {}
+  local ok = ngx.timer.every(0.002, function(premature)
+    if premature then return end
+    runs = runs + 1
+    if runs > 3 then return end
+    seen[runs] = rid:get()
+    rid:set("leak" .. runs)       -- must not reach the next run
+    if runs == 3 then d:set("t_every" .. id, concat(seen, ",")) end
+  end)
+  rid:set("after")
+  for _ = 1, 500 do
+    if d:get("t_every" .. id) and d:get("t_nested" .. id) then break end
+    ngx.sleep(0.002)
+  end
+  say { s(ok), s(d:get("t_at" .. id)), s(d:get("t_nested" .. id)), s(d:get("t_every" .. id)), rid:get() }
+end
+
+--- a timer callback that raises leaves no record behind for later timers
+--- (ngx_lua recycles the fake request's memory and the Lua thread)
+function A.timer_error()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  rid:set("err-" .. id)
+  ngx.timer.at(0, function()
+    d:set("terr" .. id, rid:get())
+    error("expected-boom " .. id)
+  end)
+  for _ = 1, 200 do
+    if d:get("terr" .. id) then break end
+    ngx.sleep(0.001)
+  end
+  say { s(d:get("terr" .. id)) }
+end
+
+function A.timer_after_error()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  local left = 10
+  for _ = 1, 10 do
+    ngx.timer.at(0, function()
+      if rid:get() ~= nil then d:incr("stale", 1, 0) end
+      left = left - 1
+    end)
+  end
+  for _ = 1, 500 do
+    if left == 0 then break end
+    ngx.sleep(0.001)
+  end
+  say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
+end
+
+--- scopes restore on return and on error and keep per-thread values across
+--- yields
+function A.scopes()
+  local out = {}
+  rid:set("base")
+  out[#out + 1] = rid:run("in", function(a) return rid:get() .. a end, "!")
+  out[#out + 1] = rid:get()
+  local e = {}
+  local ok, err = pcall(rid.run, rid, "in", function() other:set("x"); error(e) end)
+  out[#out + 1] = s(ok) .. s(err == e) .. rid:get() .. other:get()
+  ok, err = pcall(rid.run, rid, "in", function() error("plain", 0) end)
+  out[#out + 1] = s(err)
+  -- yields inside a scope: a light thread sleeps in rid:run while the parent
+  -- (and another thread) keep their own values
+  local t = ngx.thread.spawn(function()
+    return rid:run("scoped", function()
+      ngx.sleep(0.01)
+      local v = rid:get()
+      ngx.sleep(0)
+      return v .. "/" .. rid:get()
+    end) .. "/" .. rid:get()
+  end)
+  local t2 = ngx.thread.spawn(function()
+    ngx.sleep(0.003)
+    return rid:get()
+  end)
+  ngx.sleep(0.005)
+  out[#out + 1] = rid:get()
+  out[#out + 1] = select(2, ngx.thread.wait(t))
+  out[#out + 1] = select(2, ngx.thread.wait(t2))
+  -- the error of a scope that slept
+  ok, err = pcall(rid.run, rid, "slept", function() ngx.sleep(0.001); error("late", 0) end)
+  out[#out + 1] = s(err) .. rid:get()
+  -- Snapshot, AsyncLocalStorage, Snapshot.empty
+  local snap = Snapshot.new()
+  rid:set("later")
+  out[#out + 1] = snap:run(function() ngx.sleep(0); return rid:get() end)
+  out[#out + 1] = Snapshot.empty():run(function() return s(rid:get()) .. other:get() end)
+  out[#out + 1] = rid:get()
+  local als = ah.AsyncLocalStorage.new()
+  out[#out + 1] = als:run("store", function() return als:getStore() end)
+  out[#out + 1] = s(als:getStore())
+  local bound = Snapshot.wrap(function() return rid:get() end)
+  rid:set("x2")
+  out[#out + 1] = bound()
+  say(out)
+end
+
+--- hook events of coroutines, light threads, timers, AsyncResource
+function A.hooks()
+  local log, mine = {}, {}
+  local hook = ah.createHook {
+    init = function(id, type_, trigger, res)
+      mine[id] = true
+      log[#log + 1] = ("init %s %s"):format(type_, type(res))
+    end,
+    before = function(id) if mine[id] then log[#log + 1] = "before" end end,
+    after = function(id) if mine[id] then log[#log + 1] = "after" end end,
+    destroy = function(id) if mine[id] then log[#log + 1] = "destroy" end end,
+  }:enable()
+  local out = {}
+  local ids = {}
+  local function mark(tag)
+    log[#log + 1] = tag
+  end
+  -- coroutine
+  local parent = ah.executionAsyncId()
+  local co = coroutine.create(function()
+    ids.co = ah.executionAsyncId()
+    ids.co_trigger = ah.triggerAsyncId()
+    ids.co_res = ah.executionAsyncResource().thread
+    coroutine.yield()
+  end)
+  mark("co")
+  coroutine.resume(co)
+  coroutine.resume(co)
+  out[#out + 1] = s(ids.co_trigger == parent) .. s(ids.co_res == co) .. s(ids.co ~= parent)
+  -- light thread
+  mark("thread")
+  local t = ngx.thread.spawn(function() ngx.sleep(0); return ah.executionAsyncId() end)
+  local _, tid = ngx.thread.wait(t)
+  out[#out + 1] = s(tid ~= parent)
+  -- timer
+  mark("timer")
+  local done = false
+  ngx.timer.at(0, function() done = ah.triggerAsyncId() end)
+  for _ = 1, 200 do
+    if done then break end
+    ngx.sleep(0.001)
+  end
+  out[#out + 1] = s(done == parent)
+  -- AsyncResource
+  mark("resource")
+  local r = ah.AsyncResource.new("mine", { requireManualDestroy = true })
+  rid:set("outside")
+  local got = r:runInAsyncScope(function() ngx.sleep(0); return ah.executionAsyncResource() == r, rid:get() end)
+  r:emitDestroy()
+  r:emitDestroy()
+  out[#out + 1] = s(got) .. s(ah.executionAsyncId() == parent)
+  hook:disable()
+  out[#out + 1] = concat(log, ",")
+  ngx.say(concat(out, "\n"))
+end
+
+--- top-level ids inside a request and install state
+function A.ids()
+  local a, b = ah.executionAsyncId(), ah.executionAsyncId()
+  local r1, r2 = ah.executionAsyncResource(), ah.executionAsyncResource()
+  say { s(a == b), s(a > 1), s(ah.triggerAsyncId()), s(r1 == r2), ah.backend, s(ah.installed()) }
+end
+
+--- the bad-input cases, run inside nginx
+function A.bad_input()
+  local cases = require("ah_bad_input")(ah)
+  for _, c in ipairs(cases) do ngx.say(c) end
+end
+
+--- soak: set, yield, hand over to a timer, check everything matches
+local n = 0
+function A.soak()
+  n = n + 1
+  local id = ngx.worker.pid() .. "-" .. n
+  local d = ngx.shared.ah
+  rid:set(id)
+  ngx.sleep(0)
+  if rid:get() ~= id then d:incr("soak_bad", 1, 0) end
+  ngx.timer.at(0, function()
+    if rid:get() ~= id then d:incr("soak_bad", 1, 0) end
+    d:incr("soak_timers", 1, 0)
+  end)
+  local t = ngx.thread.spawn(function()
+    ngx.sleep(0)
+    return rid:get()
+  end)
+  local _, got = ngx.thread.wait(t)
+  if got ~= id then d:incr("soak_bad", 1, 0) end
+  if rid:get() ~= id then d:incr("soak_bad", 1, 0) end
+  d:incr("soak_requests", 1, 0)
+  ngx.say("ok")
+end
+
+function A.soak_stats()
+  local d = ngx.shared.ah
+  say { s(d:get("soak_requests")), s(d:get("soak_timers")), s(d:get("soak_bad") or 0) }
+end
+
+return A
