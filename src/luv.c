@@ -143,7 +143,8 @@ static int observable(ah_state *st, int s) {
 
 /* the position of the callback argument, or 0 (a synchronous call) */
 static int find_callback(lua_State *L, const ah_spec *sp, int n) {
-  if (sp->pos <= n && ah_callable(L, sp->pos)) return sp->pos;
+  if (sp->pos <= n && (lua_type(L, sp->pos) == LUA_TFUNCTION || ah_callable(L, sp->pos)))
+    return sp->pos;
   if (sp->alt && sp->alt <= n && ah_callable(L, sp->alt) &&
       (sp->pos > n || lua_isnil(L, sp->pos)))
     return sp->alt;

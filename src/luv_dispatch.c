@@ -82,7 +82,7 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   ah_rec *r;
   if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
     if (!lv->closures || lua_tocfunction(L, idx) != ah_luv_rec_fn) return NULL;
-    idx = lua_absindex(L, idx);
+    if (idx < 0) idx = lua_absindex(L, idx);
     lua_getupvalue(L, idx, AH_NUP + 1);
     lua_replace(L, idx);
   }
@@ -239,8 +239,8 @@ int ah_luv_rec_call(lua_State *L) {
 ** makes it if asked for), and the stack keeps either alive. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
-                        ah_rec *r, int nargs, int nresults, int flags) {
-  int base = lua_gettop(L) - nargs, ret;
+                        ah_rec *r, int base, int nargs, int nresults, int flags) {
+  int ret;
   int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   lua_Integer id = r ? r->id : 0;
@@ -490,7 +490,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   if (in_run && known && lua_checkstack(L, 32) &&
       (st->slots[s].anchored & (K_FRAME | K_RES)) == (K_FRAME | K_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
-    return dispatch_run(L, lv, st, (int)s, r, nargs, nresults, flags);
+    return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
   if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   return dispatch_slow(L, lv, nargs, nresults, flags);
 }
