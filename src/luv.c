@@ -238,6 +238,12 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   } else {
     lua_pop(L, 1);
   }
+  if ((r->flags & REC_RES) && r == sp->lv->cur) {
+    /* its callback runs: its resource stays the running one's */
+    lua_getiuservalue(L, pos, RV_RES);
+    lua_rawseti(L, AH_UV_R, sp->lv->cur_slot);
+    sp->lv->cur_wrote = 1;
+  }
   if (res || (r->flags & REC_RES)) {
     lua_pushvalue(L, res ? n + 3 : 1);
     lua_setiuservalue(L, pos, RV_RES);

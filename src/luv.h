@@ -22,6 +22,12 @@ typedef struct ah_luv {
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
   int closures;       /* a record closure was made (ah_luv_rec_fn) */
+  /* the record whose callback runs inline (dispatch_run), with the asyncId
+  ** and slot it runs in: executionAsyncResource() finds it here */
+  struct ah_rec *cur;
+  lua_Integer cur_id;
+  int cur_slot;
+  int cur_wrote; /* R[cur_slot] was written while it runs (see rearm) */
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 

@@ -140,6 +140,21 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   lua_settop(L, top);
 }
 
+/* push the record lv->cur (no reference to it is at hand: luv holds it in
+** the registry, so look there); 0 if not found.  Runs at most once per
+** record (the resource is then the thread's) and only until
+** executionAsyncResource() was first called (then records get theirs at
+** entry). */
+static int push_cur(lua_State *L, ah_luv *lv) {
+  lua_Integer i, n = (lua_Integer)lua_rawlen(L, LUA_REGISTRYINDEX);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, i);
+    if (ah_luv_record(L, lv, -1) == lv->cur) return 1;
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
 /* For stack.c (executionAsyncResource): while a record's callback runs
 ** without a resource, R[s] holds the record itself (not anchored: it is on
 ** the stack meanwhile).  The value at the top is R[s]: replace it by the
@@ -148,10 +163,18 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
 int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   int top = lua_gettop(L);
   ah_rec *r = NULL;
-  luaL_checkstack(L, 4, "async_hooks");
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
-    r = ah_luv_record(L, (const ah_luv *)lua_touserdata(L, -1), top);
+  ah_luv *lv = NULL;
+  luaL_checkstack(L, 6, "async_hooks");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
+    lv = (ah_luv *)lua_touserdata(L, -1);
+    r = ah_luv_record(L, lv, top);
+  }
   lua_settop(L, top);
+  if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+      push_cur(L, lv)) { /* the record that runs inline */
+    lua_replace(L, top);
+    r = lv->cur;
+  }
   if (!r) {
     lua_pushboolean(L, 0);
     lua_replace(L, top);
@@ -234,9 +257,10 @@ int ah_luv_rec_call(lua_State *L) {
 ** The caller checked that nothing below allocates (stack reserved, the
 ** thread's anchor keys exist, r's entry in st->cb pushed).  Stack: [X
 ** args], while the callback runs [X prev_res prev_frame res fn args].  A
-** record's resource is not anchored as the thread's (no anchor writes): R[s]
-** holds it, or the record itself when it has none yet (ah_luv_resource
-** makes it if asked for), and the stack keeps either alive. */
+** record's resource is not anchored as the thread's: R[s] holds it (alive
+** on the stack), and a record that has none yet is found through lv->cur
+** if executionAsyncResource() asks (ah_luv_resource), which happens once:
+** records get theirs at entry from then on. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int base, int nargs, int nresults, int flags) {
@@ -246,6 +270,9 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lua_Integer id = r ? r->id : 0;
   size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
   int oneshot = r && (r->flags & REC_ONESHOT);
+  ah_rec *pcur = lv->cur;
+  lua_Integer pcur_id = lv->cur_id;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
   else
@@ -263,8 +290,16 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       ah_set_frame(L, s, -1);
       lua_pop(L, 1);
     }
-    lua_pushvalue(L, (r->flags & REC_RES) ? base + D_RES : base);
-    lua_rawseti(L, AH_UV_R, s);
+    if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
+    lv->cur = r;
+    lv->cur_id = id;
+    lv->cur_slot = s;
+    lv->cur_wrote = 0;
+    if (r->flags & REC_RES) { /* R[s] holds it (no registry search) */
+      lua_pushvalue(L, base + D_RES);
+      lua_rawseti(L, AH_UV_R, s);
+      lv->cur_wrote = 1;
+    }
     st->active += 2; /* the callback, and its entry in st->cb */
     if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
   } else {
@@ -289,10 +324,14 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   st->slots[s].trigger = ptrig;
   if ((had | st->slots[s].anchored) & A_RES) {
     ah_set_resource(L, s, pres);
-  } else if (r) {
+  } else if (r && lv->cur_wrote) {
     lua_pushvalue(L, pres);
     lua_rawseti(L, AH_UV_R, s);
   }
+  lv->cur = pcur;
+  lv->cur_id = pcur_id;
+  lv->cur_slot = pcur_slot;
+  lv->cur_wrote = pcur_wrote;
   lua_rawgeti(L, AH_UV_F, s);
   if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
   lua_pop(L, 1);
