@@ -255,6 +255,55 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
     assert.is_true(st.slots <= 3100, "slots in use: " .. st.slots)
   end)
 
+  -- a new coroutine's frame is first held by a deferred anchor (an array
+  -- entry), moved to the thread-keyed ephemeron at the next collection
+  describe("deferred frame anchors", function()
+    it("keep the captured frame alive while the coroutine lives, across collections", function()
+      local v = AsyncLocal.new()
+      local c = v:run({ tag = "captured" }, function()
+        return co.create(function() co.yield(v:get().tag); return v:get().tag end)
+      end)
+      assert.is_true(core.stats().pending_anchors >= 1)
+      H.gc() -- only the anchor holds the value table now
+      local ok, got = co.resume(c)
+      assert.is_true(ok)
+      assert.equal("captured", got)
+      assert.equal(0, core.stats().pending_anchors) -- moved at the collection
+      H.gc()
+      ok, got = co.resume(c)
+      assert.is_true(ok)
+      assert.equal("captured", got)
+    end)
+
+    it("are dropped when the coroutine ends or changes its frame", function()
+      local v = AsyncLocal.new()
+      local before = core.stats().pending_anchors
+      local c1, c2 = v:run(1, function()
+        return co.create(function() return v:get() end), co.create(function() v:set(2); co.yield(v:get()) end)
+      end)
+      assert.equal(before + 2, core.stats().pending_anchors)
+      assert.same({ true, 1 }, { co.resume(c1) })
+      assert.same({ true, 2 }, { co.resume(c2) })
+      assert.equal(before, core.stats().pending_anchors)
+    end)
+
+    it("do not keep an abandoned coroutine whose captured frame refers to it, nor its values", function()
+      local weak = setmetatable({}, { __mode = "k" })
+      local v = AsyncLocal.new()
+      do
+        local box = {}
+        local c = v:run(box, function() return co.create(function() co.yield() end) end)
+        box.c = c -- the frame refers to the coroutine
+        assert.is_true(co.resume(c))
+        local d = v:run({}, function() return co.create(function() co.yield() end) end)
+        weak[c], weak[box], weak[d] = true, true, true
+      end
+      H.gc()
+      assert.is_nil(next(weak))
+      assert.equal(0, core.stats().pending_anchors)
+    end)
+  end)
+
   it("suspended and finished coroutines are collectable", function()
     local weak = setmetatable({}, { __mode = "k" })
     local v = AsyncLocal.new()

@@ -232,6 +232,81 @@ describe("createHook", function()
     assert.same({ "after " .. r:asyncId(), "destroy " .. r:asyncId() }, log)
   end)
 
+  -- issue 10 #2: the same for a coroutine slice, also when no hook at all
+  -- was enabled when the resume started
+  it("a hook enabled inside a coroutine slice gets that slice's after", function()
+    local log = {}
+    local h = track(ah.createHook {
+      before = function(id) log[#log + 1] = "before " .. id end,
+      after = function(id) log[#log + 1] = "after " .. id end,
+      destroy = function(id) log[#log + 1] = "destroy " .. id end,
+    })
+    local id
+    local c = co.create(function()
+      id = ah.executionAsyncId()
+      h:enable()
+      co.yield()
+    end)
+    assert.is_true(co.resume(c))
+    assert.same({ "after " .. id }, log)
+    assert.is_true(co.resume(c))
+    -- (the destroy is delivered as that resume returns)
+    assert.same({ "after " .. id, "before " .. id, "after " .. id, "destroy " .. id }, log)
+    check_invariants({ table.unpack(log, 2) })
+    h:disable()
+    -- through wrap, and a coroutine that returns at once
+    log = {}
+    local wid
+    co.wrap(function() wid = ah.executionAsyncId(); h:enable() end)()
+    assert.same({ "after " .. wid, "destroy " .. wid }, log)
+  end)
+
+  it("a hook enabled inside a coroutine slice gets after for the scopes open in it", function()
+    local log = {}
+    local h = track(ah.createHook {
+      before = function(id) log[#log + 1] = "before " .. id end,
+      after = function(id) log[#log + 1] = "after " .. id end,
+    })
+    local r = AsyncResource.new("scope")
+    local id
+    local c = co.create(function()
+      id = ah.executionAsyncId()
+      r:runInAsyncScope(function() h:enable(); co.yield() end)
+    end)
+    assert.is_true(co.resume(c))
+    assert.same({ "after " .. r:asyncId(), "after " .. id }, log)
+    assert.is_true(co.resume(c))
+    assert.same({ "after " .. r:asyncId(), "after " .. id, "before " .. id, "before " .. r:asyncId(),
+      "after " .. r:asyncId(), "after " .. id }, log)
+    check_invariants({ table.unpack(log, 3) })
+  end)
+
+  -- issue 10 #7: what a hook change inside a dispatch triggers runs where
+  -- failing is safe, never inside the scope entry that must not fail
+  it("a failing notification of a hook change made inside before leaves no context switched", function()
+    local calls = 0
+    local prev = core.on_destroy_hooks(function() calls = calls + 1; error("notify failed") end)
+    local d = track(ah.createHook { destroy = function() end })
+    local h = track(ah.createHook { before = function() d:enable() end })
+    h:enable()
+    local r = AsyncResource.new("X")
+    local top = ah.executionAsyncId()
+    local inside
+    local ok, err = pcall(r.runInAsyncScope, r, function() inside = ah.executionAsyncId() end)
+    core.on_destroy_hooks(prev)
+    assert.equal(r:asyncId(), inside)           -- the scope ran
+    assert.is_false(ok)                          -- the notification failed ...
+    assert.matches("notify failed", err)
+    assert.equal(1, calls)
+    assert.equal(top, ah.executionAsyncId())     -- ... after the scope was left
+    assert.equal(0, core.stats().active)         -- so queued destroys still flush
+    local destroyed = {}
+    local d2 = track(ah.createHook { destroy = function(id) destroyed[#destroyed + 1] = id end }):enable()
+    r:emitDestroy()
+    assert.same({ r:asyncId() }, destroyed)
+    d2:disable()
+  end)
+
   it("enable/disable inside init of the same hook is deferred", function()
     local n = 0
     local h

@@ -3,9 +3,9 @@
 -- lua_State per run; the library must raise a Lua error (or let one
 -- through) and leave its state usable.  Under `make asan` the harness is
 -- built with the sanitizers too, and the core-only run checks for leaks.
-local H = require("helpers")
 
-local function sh(cmd)
+-- the output of a command that must succeed, trailing space trimmed
+local function capture(cmd)
   local p = io.popen(cmd)
   local out = p:read("a")
   local ok = p:close()
@@ -13,36 +13,46 @@ local function sh(cmd)
   return (out:gsub("%s+$", ""))
 end
 
-local function build()
+-- compile tests/<name>.c into a temporary executable (with the sanitizers
+-- under `make asan`, like the module it loads)
+local function build(name)
   local exe = os.tmpname()
   -- Lua's headers and library: pkg-config, else LuaRocks' configuration
-  local cflags, libs = sh("./.ci/lua-flags --cflags"), sh("./.ci/lua-flags --libs")
+  local cflags, libs = capture("./.ci/lua-flags --cflags"), capture("./.ci/lua-flags --libs")
   local san = os.getenv("AH_ASAN") and "-fsanitize=address,undefined -fno-sanitize-recover=undefined" or ""
-  local cmd = ("env -u LD_PRELOAD gcc -std=c99 -O1 -g %s %s tests/failalloc.c -o %s %s -lm 2>&1")
-    :format(san, cflags, exe, libs)
+  local cmd = ("env -u LD_PRELOAD gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O1 -g %s %s tests/%s.c -o %s %s -lm 2>&1")
+    :format(san, cflags, name, exe, libs)
   local p = io.popen(cmd)
   local out = p:read("a")
   local ok = p:close()
-  assert(ok, "building the harness failed: " .. out)
+  assert(ok, "building tests/" .. name .. ".c failed: " .. out)
   return exe
 end
 
-local function run(exe, luv, leaks)
-  local p = io.popen(("AH_FAULTS_LUV=%d ASAN_OPTIONS=detect_leaks=%d %s tests/faults.lua 5000 2>&1")
-    :format(luv, leaks, exe))
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
   local out = p:read("a")
   local ok = p:close()
-  return ok, out
+  return ok == true, out
+end
+
+local function run(exe, luv, leaks, script, extra)
+  return sh(("AH_FAULTS_LUV=%d AH_FAULTS_HOSTEXTRA=%d ASAN_OPTIONS=detect_leaks=%d %s %s 5000")
+    :format(luv, extra or 0, leaks, exe, script or "tests/faults.lua"))
 end
 
 describe("fault injection #slow", function()
   local exe
-  setup(function() exe = build() end)
+  setup(function() exe = build("failalloc") end)
   teardown(function() if exe then os.remove(exe) end end)
 
-  for _, case in ipairs { { "the core (leaks checked under ASan)", 0, 1 }, { "the core with luv", 1, 0 } } do
+  for _, case in ipairs {
+    { "the core (leaks checked under ASan)", 0, 1 },
+    { "the core with luv", 1, 0 },
+    { "the core in a host that owns LUA_EXTRASPACE", 0, 1, 1 },
+  } do
     it("failing allocations in " .. case[1] .. ": an error and intact state, never a crash", function()
-      local ok, out = run(exe, case[2], case[3])
+      local ok, out = run(exe, case[2], case[3], nil, case[4])
       print("\n  " .. (out:match("fault injection: [^\n]+") or out))
       assert.is_true(ok, out)
       local points, failed = out:match("fault injection: (%d+) allocation points, .-(%d+) failed")
@@ -51,5 +61,47 @@ describe("fault injection #slow", function()
       assert.is_true(tonumber(points) > 50, "allocation points: " .. points)
     end)
   end
-  assert(H)
+
+  -- the harness itself: a workload whose state check fails must be reported
+  it("reports a workload that leaves a broken state", function()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+      local t
+      return {
+        setup = function() t = {} end,
+        work = function() for i = 1, 100 do t[i] = { i } end end,
+        check = function() error("state broken") end,
+      }
+    ]])
+    f:close()
+    local ok, out = run(exe, 0, 0, script)
+    os.remove(script)
+    assert.is_false(ok, out)
+    local failed = out:match("fault injection: %d+ allocation points, .-(%d+) failed")
+    assert.truthy(failed, out)
+    assert.is_true(tonumber(failed) > 0, out)
+    assert.matches("state not intact", out)
+  end)
+end)
+
+-- issue 10 #8: the manual reserves LUA_EXTRASPACE for the host
+describe("a host that uses LUA_EXTRASPACE #slow", function()
+  local exe
+  setup(function() exe = build("extrahost") end)
+  teardown(function() if exe then os.remove(exe) end end)
+
+  it("keeps its bytes: the module detects them and looks threads up instead", function()
+    local ok, out = sh(exe .. " host tests/extrahost.lua")
+    assert.is_true(ok, out)
+    assert.matches("extraspace in use: false", out)
+    assert.matches("extrahost host: ok", out)
+  end)
+
+  it("leaves the extra space to the module when the host does not use it", function()
+    local ok, out = sh(exe .. " none tests/extrahost.lua")
+    assert.is_true(ok, out)
+    assert.matches("extraspace in use: true", out)
+    assert.matches("extrahost none: ok", out)
+  end)
 end)

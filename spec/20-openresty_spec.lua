@@ -11,6 +11,7 @@ local SERVER = table.concat({
       rewrite_by_lua_block { require('ah_ngx_app').phase_rewrite() }
       access_by_lua_block { require('ah_ngx_app').phase_access() }
       content_by_lua_block { require('ah_ngx_app').phase_content() }
+      header_filter_by_lua_block { require('ah_ngx_app').phase_header_filter() }
       log_by_lua_block { require('ah_ngx_app').phase_log() }
     }]],
   "location /phase_read { " .. app("phase_read") .. " }",
@@ -29,12 +30,12 @@ local SERVER = table.concat({
   "location /soak_stats { " .. app("soak_stats") .. " }",
   [[location /uninstall { content_by_lua_block {
       local ah = require("async_hooks")
-      local t = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      local t = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
       local o = ORIGINALS
       local patched, restored = 0, 0
       for i = 1, #t do if t[i] ~= o[i] then patched = patched + 1 end end
       ah.uninstall()
-      local u = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+      local u = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
       for i = 1, #u do if u[i] == o[i] then restored = restored + 1 end end
       local installed = ah.installed()
       ah.uninstall()
@@ -46,7 +47,7 @@ local SERVER = table.concat({
 local HTTP = [[
   lua_shared_dict ah 4m;
   init_by_lua_block {
-    ORIGINALS = { coroutine.create, coroutine.wrap, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
+    ORIGINALS = { coroutine.create, coroutine.wrap, coroutine.yield, ngx.thread.spawn, ngx.thread.kill, ngx.timer.at, ngx.timer.every }
     require("async_hooks").install()
   }
 ]]
@@ -92,6 +93,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     local res = srv:get_many({ "/phase?id=1", "/phase?id=2", "/phase?id=3" })
     for i = 1, 3 do
       assert.are.equal(("r-%d r-%d+a kept\n"):format(i, i), res[i][2])
+      assert.matches("\r\nX%-Rid: r%-" .. i .. "\r\n", res[i][3])
     end
     for i = 1, 3 do
       assert.are.equal(("r-%d|r-%d+a"):format(i, i), get("/phase_read?id=" .. i))
@@ -134,8 +136,8 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
 
   it("scopes restore on return and error and hold across yields for their thread only", function()
     assert.are.equal(table.concat({
-      "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base",
-      "latebase", "base", "nildflt", "later", "store", "nil", "later",
+      "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base", "sock:204/base",
+      "latebase", "base", "nildflt", "later", "store", "nil", "later", "dd", "2",
     }, " "), get("/scopes"))
   end)
 
@@ -143,10 +145,11 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     local l = lines(get("/hooks"))
     assert.are.same({ "truetruetrue", "true", "true", "truetrue" }, { l[1], l[2], l[3], l[4] })
     assert.are.equal(table.concat({
-      "init coroutine table", "co", "before", "after", "destroy",
+      "init coroutine table", "co", "before", "after", "before", "after", "destroy",
       "thread", "init ngx.thread table", "before", "after", "destroy",
       "timer", "init ngx.timer table", "before", "after", "destroy",
       "resource", "init mine table", "before", "after", "destroy",
+      "gc", "init collected table", "init next table", "destroy", "destroy",
     }, ","), l[5])
   end)
 
@@ -159,7 +162,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()
-    assert.are.equal("6 6 false true", get("/uninstall"))
+    assert.are.equal("7 7 false true", get("/uninstall"))
   end)
 
   it("soak: a few seconds of wrk, zero mismatches", function()

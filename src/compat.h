@@ -22,6 +22,21 @@
 #define ah_closethread(co, from) ((void)(from), lua_resetthread(co))
 #endif
 
+/* branch hints */
+#if defined(__GNUC__) || defined(__clang__)
+#define AH_NOINLINE __attribute__((noinline))
+#define AH_ALWAYS_INLINE inline __attribute__((always_inline))
+#define AH_BRANCH_BARRIER() __asm__ __volatile__("")
+#define ah_likely(x) __builtin_expect(((x) != 0), 1)
+#define ah_unlikely(x) __builtin_expect(((x) != 0), 0)
+#else
+#define AH_NOINLINE
+#define AH_ALWAYS_INLINE
+#define AH_BRANCH_BARRIER() ((void)0)
+#define ah_likely(x) (x)
+#define ah_unlikely(x) (x)
+#endif
+
 /* the module's one exported symbol (everything else is hidden) */
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_EXPORT __attribute__((visibility("default")))
@@ -31,9 +46,14 @@
 #define AH_EXPORT
 #endif
 
-/* One pointer-sized raw slot per lua_State.  async_hooks stores the index
-** of the thread's context slot there (never a pointer, so a value that was
-** never written by us cannot be dereferenced). */
+/* One pointer-sized raw slot per lua_State, reserved by the manual for the
+** host.  When the host leaves it unused (the main thread's bytes are zero
+** when the module loads), async_hooks stores the index of the thread's
+** context slot there (never a pointer, so a value that was never written by
+** us cannot be dereferenced); otherwise it never writes it (see
+** ah_bind_thread). */
 #define ah_extra(L) (*(uintptr_t *)lua_getextraspace(L))
+/* the slot index fits in the extra space (it does in every stock build) */
+#define AH_EXTRA_FITS (LUA_EXTRASPACE >= sizeof(uintptr_t))
 
 #endif

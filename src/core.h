@@ -6,9 +6,10 @@
 ** grown on the heap beyond that and shrunk back when the load drops) that
 ** holds the thread's current execution context: asyncId and triggerAsyncId
 ** in C, and the frame and resource in two weak-valued Lua tables indexed by
-** slot.  The slot index lives in the thread's LUA_EXTRASPACE, so finding the
-** current context is O(1) and a coroutine switch needs no bookkeeping at all:
-** the running thread *is* the context.
+** slot.  The slot index lives in the thread's LUA_EXTRASPACE (unless the
+** host uses it: then in a weak-keyed table, see ah_bind_thread), so finding
+** the current context is O(1) and a coroutine switch needs no bookkeeping at
+** all: the running thread *is* the context.
 */
 #ifndef AH_CORE_H
 #define AH_CORE_H
@@ -28,7 +29,7 @@ enum { AH_INIT = 1, AH_BEFORE, AH_AFTER, AH_DESTROY, AH_NKINDS = AH_DESTROY };
 enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 
 /* shared upvalues of every core function */
-#define AH_UV_STATE lua_upvalueindex(1)
+#define AH_UV_STATE lua_upvalueindex(1) /* light userdata: ah_state* */
 #define AH_UV_F lua_upvalueindex(2) /* slot -> current frame (weak values) */
 #define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
 #define AH_UV_T lua_upvalueindex(4) /* thread -> frame anchor (weak keys) */
@@ -41,7 +42,7 @@ enum {
   AUX_EMPTY = 1, /* the empty frame */
   AUX_FRAME_MT,  /* metatable of frames */
   AUX_TOP,       /* executionAsyncResource() at top level */
-  AUX_REC_MT,    /* metatable of coroutine finalizer tokens */
+  AUX_COTOK_MT,  /* metatable of coroutine finalizer tokens (ah_cotok) */
   AUX_GUARD_MT,  /* metatable of scope guards */
   AUX_GCTOK_MT,  /* metatable of GC destroy tokens */
   AUX_ORDER,     /* enabled hooks, in enable order */
@@ -53,6 +54,12 @@ enum {
   AUX_MAINRES,   /* anchor of the main thread's resource */
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
+  AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
+  AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
+  AUX_PEND,      /* slot -> frame: deferred anchors (strong; see stack.c) */
+  AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
+  AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
+                 ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_N
 };
 
@@ -64,6 +71,7 @@ typedef struct ah_slot {
   lua_Integer base_trigger;
   void *gctok;          /* finalizer token (has_gc), valid while L lives */
   int next_free;
+  unsigned scopes;      /* open scope guards (coroutines: the guard chain) */
   unsigned char kind;
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* a finalizer token frees the slot */
@@ -74,7 +82,7 @@ typedef struct ah_state {
   lua_State *mainL;
   lua_Integer next_id;
   ah_slot *slots;
-  int cap;       /* slots in use by the array (AH_INLINE when inline) */
+  int cap;       /* capacity of the slot array (AH_INLINE when inline) */
   int free_low;  /* free list of slots < AH_INLINE */
   int free_high; /* free list of slots >= AH_INLINE */
   int used_low;  /* slots < AH_INLINE in use */
@@ -82,11 +90,17 @@ typedef struct ah_state {
   int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
   int dispatching;           /* depth of hook dispatch */
   int dirty;                 /* hook set changed during dispatch */
+  int next_n[AH_NKINDS + 1]; /* sizes of the prepared lists (AUX_NEXT) */
+  int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
+  int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
+  int npend;                 /* slots with A_PEND or A_STALE */
+  int armed;                 /* a sentinel will move them at the next cycle */
+  int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
@@ -99,21 +113,41 @@ typedef struct ah_state {
 #define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
 
 /* slot->anchored bits: the frame is not the empty one (and is anchored in
-** T), the resource is not nil (and is anchored in AUX_TR) */
-enum { A_FRAME = 1, A_RES = 2, K_FRAME = 4, K_RES = 8 }; /* K_: key exists */
+** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
+** thread's key exists in T / AUX_TR, so writing it cannot allocate */
+enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
+       A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
+       A_STALE = 32 }; /* free slot whose AUX_PEND entry is still set */
 
 /* stack.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
 int ah_slot_slow(lua_State *L, ah_state *st);
+/* The slot of the running thread.  Reading the extra space is safe even
+** when the host owns it (st->extra == 0): a value passes only if slot s
+** names this very thread, and then s is its slot. */
 static inline int ah_slot_of(lua_State *L, ah_state *st) {
-  uintptr_t s = ah_extra(L);
-  if (s < (uintptr_t)st->cap && st->slots[s].L == L) return (int)s;
+  if (AH_EXTRA_FITS) {
+    uintptr_t s = ah_extra(L);
+    if (s < (uintptr_t)st->cap && st->slots[s].L == L) return (int)s;
+  }
   return ah_slot_slow(L, st);
 }
+int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx);
+void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx);
+void ah_bind_thread_table(lua_State *L, int s, int thread_idx);
+void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx);
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
+int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
+                 lua_Integer trigger);
+void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
+                     int frame_idx);
+void ah_arm_anchors(lua_State *L, ah_state *st);
+void ah_drop_stale(lua_State *L, ah_state *st, int s);
+void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
+void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
@@ -121,7 +155,6 @@ void ah_reserve(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
 void ah_push_shared(lua_State *L);
-void ah_open_slots(lua_State *L);
 extern const luaL_Reg ah_slot_funcs[];
 
 /* frames.c */
@@ -135,8 +168,14 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_queue_destroy(ah_state *st, lua_Integer id);
 void ah_flush(lua_State *L, ah_state *st);
+void ah_luv_notify(lua_State *L, ah_state *st);
+/* at the end of an outermost callback, resume or scope: deliver queued
+** destroys (and tell luv about destroy hooks); Lua code, can raise */
 #define ah_flush_maybe(L, st) \
-  do { if ((st)->dq_n && !(st)->active && !(st)->dispatching) ah_flush((L), (st)); } while (0)
+  do { \
+    if (((st)->dq_n || (st)->luv_pending) && !(st)->active && !(st)->dispatching) \
+      ah_flush((L), (st)); \
+  } while (0)
 #define ah_hooks_on(st, k) ((st)->nhooks[k] != 0)
 void ah_open_hooks(lua_State *L);
 extern const luaL_Reg ah_hook_funcs[];
@@ -150,7 +189,6 @@ extern const luaL_Reg ah_scope_funcs[];
 
 /* coro.c */
 void ah_open_coro(lua_State *L);
-extern const luaL_Reg ah_coro_funcs[];
 
 /* luv.c, luv_dispatch.c */
 int ah_luv_resource(lua_State *L, ah_state *st, int s);

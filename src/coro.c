@@ -34,12 +34,36 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
 static int co_create(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *NL;
+  int s, top;
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  lua_settop(L, 1);
   NL = lua_newthread(L);
   lua_pushvalue(L, 1);
   lua_xmove(L, NL, 1);
-  init_coroutine(L, st, 2);
+  top = lua_gettop(L);
+  s = ah_slot_of(L, st);
+  if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
+                (st->free_low >= 0 || st->free_high >= 0))) {
+    int ns, framed;
+    lua_Integer trigger = st->slots[s].id;
+    if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
+    lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
+    framed = lua_topointer(L, top + 1) != st->empty;
+    if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
+    ns = ah_take_slot(L, st, NL, trigger);
+    if (ah_likely(st->extra))
+      ah_extra(NL) = (uintptr_t)ns;
+    else
+      ah_bind_thread_table(L, ns, top);
+    lua_pushvalue(L, top);
+    lua_rawseti(L, AH_UV_TH, ns);
+    if (framed)
+      ah_anchor_frame(L, st, ns, top, top + 1);
+    else if (ah_unlikely(st->slots[ns].anchored & A_STALE))
+      ah_drop_stale(L, st, ns);
+    lua_rawseti(L, AH_UV_F, ns);
+    return 1;
+  }
+  init_coroutine(L, st, top);
   return 1;
 }
 
@@ -47,31 +71,27 @@ static int co_create(lua_State *L) {
 ** the library's back with the resumer's context; -1 for a coroutine that
 ** finished and gave its slot back */
 static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
-  uintptr_t cs = ah_extra(co);
-  int s;
-  if (cs < (uintptr_t)st->cap && st->slots[cs].L == co) return (int)cs;
-  if (cs == AH_RELEASED) return -1;
+  int s, cs = ah_slot_find(L, st, co, co_idx);
+  if (cs != 0) return cs;
   s = ah_slot_of(L, st);
   lua_rawgeti(L, AH_UV_F, s);
-  cs = (uintptr_t)ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
+  cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
   lua_pop(L, 1);
-  return (int)cs;
+  return cs;
 }
 
+/* a coroutine with status LUA_OK that can start */
 static int suspended(lua_State *co) {
   lua_Debug ar;
-  switch (lua_status(co)) {
-    case LUA_YIELD: return 1;
-    case LUA_OK: return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
-    default: return 0;
-  }
+  return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
 }
 
 /* emit before/after for the coroutine in slot cs, in its context, and for
 ** the scopes open inside it */
 static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
                        int co_idx) {
-  int scopes = st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER];
+  int scopes = (st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]) &&
+               st->slots[cs].scopes;
   if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
   if (st->nhooks[kind]) {
     ah_push_resource_of(L, st, cs, co_idx);
@@ -89,51 +109,102 @@ static void ended(ah_state *st, int cs) {
   if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, st->slots[cs].base_id);
 }
 
-/* lcorolib's auxresume, plus hooks */
-static int auxresume(lua_State *L, ah_state *st, lua_State *co, int co_idx,
-                     int narg) {
+#define SLICE_HOOKS(st) \
+  ((st)->nhooks[AH_BEFORE] | (st)->nhooks[AH_AFTER] | (st)->nhooks[AH_DESTROY])
+
+/* move the nres results (or the error: nres < 0) of co to L */
+static int take_results(lua_State *L, lua_State *co, int status, int nres) {
+  if (status == LUA_OK || status == LUA_YIELD) {
+    if (ah_likely(lua_checkstack(L, nres + 1))) {
+      lua_xmove(co, L, nres);
+      return nres;
+    }
+    lua_pop(co, nres);
+    lua_pushliteral(L, "too many results to resume");
+    return -1;
+  }
+  lua_xmove(co, L, 1);
+  return -1;
+}
+
+/* the rest of a resume of the coroutine in slot cs (-1: none), which
+** returned status with nres results: results, after, destroy */
+static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
+                               int co_idx, int cs, int runs, int hooks,
+                               int status, int nres) {
+  nres = take_results(L, co, status, nres);
+  if (cs < 0) goto done;
+  /* a hook enabled inside the slice gets its after (without a before) */
+  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE])))
+    emit_slice(L, st, AH_AFTER, cs, co_idx);
+  if (status == LUA_OK) { /* returned: nothing of it can run again */
+    ended(st, cs);
+    ah_release(L, st, cs);
+  } else if (status != LUA_YIELD && lua_status(co) != LUA_OK &&
+             lua_status(co) != LUA_YIELD) {
+    /* raised (resuming a dead or running coroutine fails without
+    ** changing its status); its slot stays for coroutine.close */
+    ended(st, cs);
+  }
+done:
+  ah_flush_maybe(L, st);
+  return nres;
+}
+
+/* lcorolib's auxresume, plus hooks, for every case */
+static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
+                                      lua_State *co, int co_idx, int narg) {
   int status, nres, cs, hooks, runs;
-  if (!lua_checkstack(co, narg)) {
+  if (ah_unlikely(!lua_checkstack(co, narg))) {
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
   }
   cs = co_slot(L, st, co, co_idx); /* co_idx: 1 or an upvalue: absolute */
   /* a coroutine that cannot run makes lua_resume build an error message,
   ** which can raise (out of memory): count only real resumes as active */
-  runs = lua_status(co) == LUA_YIELD || suspended(co);
-  hooks = (st->nhooks[AH_BEFORE] | st->nhooks[AH_AFTER] |
-           st->nhooks[AH_DESTROY]) && cs >= 0 && runs;
+  status = lua_status(co);
+  runs = status == LUA_YIELD || (status == LUA_OK && suspended(co));
+  hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
   if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);
   lua_xmove(L, co, narg);
   st->active += runs;
   status = lua_resume(co, L, narg, &nres);
   st->active -= runs;
-  if (status == LUA_OK || status == LUA_YIELD) {
-    if (!lua_checkstack(L, nres + 1)) {
-      lua_pop(co, nres);
-      lua_pushliteral(L, "too many results to resume");
-      nres = -1;
-    } else {
-      lua_xmove(co, L, nres);
+  return resumed(L, st, co, co_idx, cs, runs, hooks, status, nres);
+}
+
+/* The fast path: a coroutine the library knows, that can run, no
+** before/after/destroy hook: lcorolib's code plus a few integer tests. */
+static AH_ALWAYS_INLINE int auxresume(lua_State *L, ah_state *st, lua_State *co,
+                               int co_idx, int narg) {
+  uintptr_t cs = ah_extra(co);
+  int status, nres;
+  if (ah_likely(!SLICE_HOOKS(st) && cs < (uintptr_t)st->cap &&
+                st->slots[cs].L == co)) {
+    status = lua_status(co);
+    if (ah_likely((status == LUA_YIELD || (status == LUA_OK && suspended(co))) &&
+                  lua_checkstack(co, narg))) {
+      lua_xmove(L, co, narg);
+      st->active++;
+      status = lua_resume(co, L, narg, &nres);
+      st->active--;
+      if (ah_likely(!SLICE_HOOKS(st) && !st->dq_n &&
+                    lua_checkstack(L, nres + 1))) {
+        if (status == LUA_YIELD) {
+          lua_xmove(co, L, nres);
+          return nres;
+        }
+        if (status == LUA_OK) {
+          lua_xmove(co, L, nres);
+          st->slots[cs].destroyed = 1;
+          ah_release(L, st, (int)cs);
+          return nres;
+        }
+      }
+      return resumed(L, st, co, co_idx, (int)cs, 1, 0, status, nres);
     }
-  } else {
-    lua_xmove(co, L, 1);
-    nres = -1;
   }
-  if (hooks) emit_slice(L, st, AH_AFTER, cs, co_idx);
-  if (cs >= 0) {
-    if (status == LUA_OK) { /* returned: nothing of it can run again */
-      ended(st, cs);
-      ah_release(L, st, cs);
-    } else if (status != LUA_YIELD && lua_status(co) != LUA_OK &&
-               lua_status(co) != LUA_YIELD) {
-      /* raised (resuming a dead or running coroutine fails without
-      ** changing its status); its slot stays for coroutine.close */
-      ended(st, cs);
-    }
-  }
-  ah_flush_maybe(L, st);
-  return nres;
+  return auxresume_full(L, st, co, co_idx, narg);
 }
 
 static int co_resume(lua_State *L) {

@@ -81,35 +81,41 @@ static int l_get(lua_State *L) {
   return 1;
 }
 
-/* push F[s] with tok -> val (absolute indices); reuses F[s] when it already
-** maps tok to that very value */
-static void push_frame_with(lua_State *L, int s, int tok, int val) {
-  int fr, nf, n = 0;
+/* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
+** frame, or F[s] again when it already maps tok to that very value */
+static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
+                            int val) {
+  int fr, nf, n = 0, had;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   }
   fr = lua_gettop(L);
   lua_pushvalue(L, tok);
-  lua_rawget(L, fr);
-  if (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
-                        : lua_rawequal(L, -1, val)) {
-    lua_pop(L, 1);
+  had = lua_rawget(L, fr) != LUA_TNIL;
+  if (had && (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
+                                : lua_rawequal(L, -1, val))) {
+    lua_pushvalue(L, fr);
+    lua_replace(L, -2);
     return;
   }
   lua_pop(L, 1);
-  lua_pushnil(L);
-  while (lua_next(L, fr)) {
-    n++;
-    lua_pop(L, 1);
+  if (lua_topointer(L, fr) != st->empty) {
+    lua_pushnil(L);
+    while (lua_next(L, fr)) {
+      n++;
+      lua_pop(L, 1);
+    }
   }
-  lua_createtable(L, 0, n + 1);
-  nf = lua_gettop(L);
-  lua_pushnil(L);
-  while (lua_next(L, fr)) {
-    lua_pushvalue(L, -2);
-    lua_insert(L, -2);
-    lua_rawset(L, nf);
+  lua_createtable(L, 0, n + !had);
+  nf = fr + 1;
+  if (n > had) { /* copy the other entries */
+    lua_pushnil(L);
+    while (lua_next(L, fr)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, nf);
+    }
   }
   lua_pushvalue(L, tok);
   if (lua_isnil(L, val))
@@ -119,7 +125,6 @@ static void push_frame_with(lua_State *L, int s, int tok, int val) {
   lua_rawset(L, nf);
   lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
   lua_setmetatable(L, nf);
-  lua_remove(L, fr);
 }
 
 /* v:set(value) */
@@ -129,8 +134,8 @@ static int l_set(lua_State *L) {
   lua_settop(L, 2);
   push_token(L, 1); /* 3 */
   s = ah_slot_of(L, st);
-  push_frame_with(L, s, 3, 2); /* 4 */
-  ah_set_frame(L, s, 4);
+  push_frame_with(L, st, s, 3, 2); /* 4: previous, 5: new */
+  ah_set_frame_st(L, st, s, 5);
   return 0;
 }
 
@@ -187,9 +192,8 @@ static int l_enter_frame(lua_State *L) {
   if (!ah_callable(L, 3))
     return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
-  lua_rawgeti(L, AH_UV_F, s); /* 5: previous */
-  push_frame_with(L, s, 4, 2); /* 6 */
-  ah_set_frame(L, s, 6);
+  push_frame_with(L, st, s, 4, 2); /* 5: previous, 6: new */
+  ah_set_frame_st(L, st, s, 6);
   lua_settop(L, 5);
   return 1;
 }

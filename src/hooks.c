@@ -5,9 +5,11 @@
 **
 ** The set of enabled hooks is an ordered array (AUX_ORDER).  Dispatch reads
 ** per-kind arrays of functions (AUX_LISTS) that are rebuilt, never edited,
-** when the set changes; a change made while a dispatch is running marks the
-** lists dirty and the rebuild happens when the outermost dispatch ends.  A
-** dispatch that is running keeps iterating the arrays it started with.
+** when the set changes.  enable/disable build the new arrays at once (into
+** AUX_NEXT; that allocates, and raising there is fine); outside a dispatch
+** they become current at once, inside one when the outermost dispatch ends,
+** by a swap that cannot fail.  A dispatch that is running keeps iterating
+** the arrays it started with.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,45 +23,75 @@ static const char *const kind_names[AH_NKINDS + 1] = {
 /* --------------------------------------------------------------------- */
 /* the enabled set                                                         */
 
-static void rebuild(lua_State *L, ah_state *st) {
-  int k, i, n, had_destroy = st->nhooks[AH_DESTROY] != 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
-  n = (int)lua_rawlen(L, -1);
-  lua_createtable(L, AH_NKINDS, 0);
+/* prepare(aux, st): build the per-kind lists of the enabled set into
+** aux[AUX_NEXT] and their sizes into st->next_n.  Allocates: runs
+** protected, before anything changes (see commit). */
+static int l_prepare(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, 2);
+  int k, i, n;
+  lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
+  n = (int)lua_rawlen(L, 3);
+  lua_createtable(L, AH_NKINDS, 0); /* 4 */
   for (k = 1; k <= AH_NKINDS; k++) {
     int c = 0;
     lua_createtable(L, n, 0);
     for (i = 1; i <= n; i++) {
-      lua_rawgeti(L, -3, i);
+      lua_rawgeti(L, 3, i);
       if (lua_getfield(L, -1, kind_names[k]) == LUA_TFUNCTION)
         lua_rawseti(L, -3, ++c);
       else
         lua_pop(L, 1);
       lua_pop(L, 1);
     }
-    lua_rawseti(L, -2, k);
-    st->nhooks[k] = c;
+    lua_rawseti(L, 4, k);
+    st->next_n[k] = c;
   }
+  lua_rawseti(L, 1, AUX_NEXT);
+  return 0;
+}
+
+/* Make the prepared lists current.  Cannot fail (a raw set of an integer
+** key that exists in aux's array part, and integer copies), so the end of
+** a dispatch can do it inside sections that must not fail; the luv
+** integration's callback (Lua code) is only noted here and called at the
+** next flush point (ah_flush) or enable/disable. */
+static void commit(lua_State *L, ah_state *st) {
+  int k, had = st->nhooks[AH_DESTROY] != 0;
+  lua_rawgeti(L, AH_UV_AUX, AUX_NEXT);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
-  lua_pop(L, 1);
+  for (k = 1; k <= AH_NKINDS; k++) st->nhooks[k] = st->next_n[k];
   st->dirty = 0;
-  /* the luv integration delivers destroys once per loop iteration, but
-  ** only needs its check handle running while destroy hooks exist */
-  if (had_destroy != (st->nhooks[AH_DESTROY] != 0)) {
-    if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
-      lua_pushboolean(L, st->nhooks[AH_DESTROY] != 0);
-      lua_call(L, 1, 0);
-    } else {
-      lua_pop(L, 1);
-    }
+  if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
+}
+
+/* tell the luv integration whether destroy hooks exist (it runs a check
+** handle only while they do); Lua code: only where raising is fine */
+void ah_luv_notify(lua_State *L, ah_state *st) {
+  st->luv_pending = 0;
+  if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
+    lua_pushboolean(L, st->nhooks[AH_DESTROY] != 0);
+    lua_call(L, 1, 0);
+  } else {
+    lua_pop(L, 1);
   }
 }
 
-static void changed(lua_State *L, ah_state *st) {
-  if (st->dispatching)
+/* the enabled set changed: prepare the lists (or raise, with nothing
+** changed: 0 is returned after the error object was pushed; callers made
+** room for 3 values on the stack), then commit
+** now or, inside a dispatch, when the outermost dispatch ends */
+static int changed(lua_State *L, ah_state *st) {
+  lua_pushcfunction(L, l_prepare);
+  lua_pushvalue(L, AH_UV_AUX);
+  lua_pushlightuserdata(L, st);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) return 0;
+  if (st->dispatching) {
     st->dirty = 1;
-  else
-    rebuild(L, st);
+    return 1;
+  }
+  commit(L, st);
+  if (st->luv_pending) ah_luv_notify(L, st);
+  return 1;
 }
 
 /* position of the hook at idx in AUX_ORDER (pushed on top), or 0 */
@@ -81,10 +113,17 @@ static int find_hook(lua_State *L, int idx) {
 static int l_hook_enable(lua_State *L) {
   ah_state *st = ah_st(L);
   luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  luaL_checkstack(L, 8, "async_hooks");
   if (!find_hook(L, 1)) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1) + 1;
     lua_pushvalue(L, 1);
-    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-    changed(L, st);
+    lua_rawseti(L, -2, n);
+    if (!changed(L, st)) { /* out of memory: take it back */
+      lua_pushnil(L);
+      lua_rawseti(L, 2, n);
+      return lua_error(L);
+    }
   }
   lua_settop(L, 1);
   return 1;
@@ -94,7 +133,10 @@ static int l_hook_disable(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, n;
   luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  luaL_checkstack(L, 8, "async_hooks");
   if ((i = find_hook(L, 1)) != 0) {
+    int at = i;
     n = (int)lua_rawlen(L, -1);
     for (; i < n; i++) {
       lua_rawgeti(L, -1, i + 1);
@@ -102,19 +144,31 @@ static int l_hook_disable(lua_State *L) {
     }
     lua_pushnil(L);
     lua_rawseti(L, -2, n);
-    changed(L, st);
+    if (!changed(L, st)) { /* out of memory: put it back (no new keys) */
+      for (i = n; i > at; i--) {
+        lua_rawgeti(L, 2, i - 1);
+        lua_rawseti(L, 2, i);
+      }
+      lua_pushvalue(L, 1);
+      lua_rawseti(L, 2, at);
+      lua_pushvalue(L, 3);
+      return lua_error(L);
+    }
   }
   lua_settop(L, 1);
   return 1;
 }
 
-/* on_destroy_hooks(f|nil): f(true) when destroy hooks appear, f(false)
-** when the last one goes */
+/* on_destroy_hooks(f|nil) -> previous: f(true) when destroy hooks appear,
+** f(false) when the last one goes (called where raising is fine: never at
+** the end of a dispatch) */
 static int l_on_destroy_hooks(lua_State *L) {
   if (!lua_isnil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_settop(L, 1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_LUV);
+  lua_pushvalue(L, 1);
   lua_rawseti(L, AH_UV_AUX, AUX_LUV);
-  return 0;
+  return 1;
 }
 
 static int l_hook_counts(lua_State *L) {
@@ -140,63 +194,71 @@ static int fatal_msgh(lua_State *L) {
   return 1;
 }
 
-/* call the function below nargs arguments; an error is fatal */
-static void call_hook(lua_State *L, int nargs, const char *kind) {
-  int base = lua_gettop(L) - nargs;
+/* run_hooks(list, args...): call every function of list with args; runs
+** protected as a whole: one protected call per event, not per hook */
+static int run_hooks(lua_State *L) {
+  int nargs = lua_gettop(L) - 1, n = (int)lua_rawlen(L, 1), i, j;
+  luaL_checkstack(L, nargs + 1, "async_hooks dispatch");
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    for (j = 2; j <= nargs + 1; j++) lua_pushvalue(L, j);
+    lua_call(L, nargs, 0);
+  }
+  return 0;
+}
+
+/* Dispatch the hooks of `kind` with the nargs values on top as arguments
+** (popped).  An error in a hook is fatal.  Cannot fail otherwise once the
+** caller made room for nargs + 4 values (the end of the dispatch only
+** swaps prepared lists in): callers dispatch inside sections that must not
+** fail.  A dispatch keeps the list it started with. */
+static void dispatch(lua_State *L, ah_state *st, int kind, int nargs) {
+  int base = lua_gettop(L) - nargs, n; /* base + 1: first argument */
   lua_pushcfunction(L, fatal_msgh);
-  lua_insert(L, base);
-  if (lua_pcall(L, nargs, 0, base) != LUA_OK) {
-    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n", kind,
-            lua_tostring(L, -1));
+  lua_insert(L, base + 1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+  lua_rawgeti(L, -1, kind);
+  n = (int)lua_rawlen(L, -1);
+  if (n == 1) { /* the common case: the hook itself, protected */
+    lua_rawgeti(L, -1, 1);
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    lua_insert(L, base + 2); /* [msgh hook args] */
+  } else {
+    lua_replace(L, -2);
+    lua_insert(L, base + 2); /* [msgh list args] */
+    lua_pushcfunction(L, run_hooks);
+    lua_insert(L, base + 2); /* [msgh run_hooks list args] */
+    nargs++;
+  }
+  st->dispatching++;
+  if (lua_pcall(L, nargs, 0, base + 1) != LUA_OK) {
+    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
+            kind_names[kind], lua_tostring(L, -1));
     fflush(stderr);
     exit(1);
   }
-  lua_remove(L, base);
-}
-
-static int begin(lua_State *L, ah_state *st, int kind) {
-  luaL_checkstack(L, 8, "async_hooks dispatch");
-  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-  lua_rawgeti(L, -1, kind);
-  lua_remove(L, -2);
-  st->dispatching++;
-  return (int)lua_rawlen(L, -1);
-}
-
-static void end(lua_State *L, ah_state *st) {
-  lua_pop(L, 1);
-  if (--st->dispatching == 0 && st->dirty) rebuild(L, st);
+  lua_pop(L, 1); /* fatal_msgh */
+  if (--st->dispatching == 0 && st->dirty) commit(L, st);
 }
 
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
-  int i, n;
   if (!st->nhooks[kind]) return;
-  n = begin(L, st, kind);
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, -1, i);
-    lua_pushinteger(L, id);
-    call_hook(L, 1, kind_names[kind]);
-  }
-  end(L, st);
+  luaL_checkstack(L, 8, "async_hooks dispatch");
+  lua_pushinteger(L, id);
+  dispatch(L, st, kind, 1);
 }
 
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx) {
-  int i, n;
   if (!st->nhooks[AH_INIT]) return;
   res_idx = lua_absindex(L, res_idx);
+  luaL_checkstack(L, 12, "async_hooks dispatch");
+  lua_pushinteger(L, id);
   lua_pushstring(L, type); /* can fail: before the dispatch starts */
-  n = begin(L, st, AH_INIT);
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, -1, i);
-    lua_pushinteger(L, id);
-    lua_pushvalue(L, -4);
-    lua_pushinteger(L, trigger);
-    lua_pushvalue(L, res_idx);
-    call_hook(L, 4, "init");
-  }
-  end(L, st);
-  lua_pop(L, 1);
+  lua_pushinteger(L, trigger);
+  lua_pushvalue(L, res_idx);
+  dispatch(L, st, AH_INIT, 4);
 }
 
 /* --------------------------------------------------------------------- */
@@ -217,7 +279,8 @@ void ah_queue_destroy(ah_state *st, lua_Integer id) {
 ** delivering; callers make sure no callback, resume or dispatch is active */
 void ah_flush(lua_State *L, ah_state *st) {
   size_t i;
-  luaL_checkstack(L, 16, "async_hooks"); /* the only step that can fail */
+  luaL_checkstack(L, 16, "async_hooks"); /* the only steps that can fail */
+  if (st->luv_pending) ah_luv_notify(L, st);
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;

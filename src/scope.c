@@ -59,6 +59,7 @@ static int l_enter_scope(lua_State *L) {
     ah_get_guard(L, 0);
     lua_setiuservalue(L, 5, G_PREV_GUARD);
     ah_set_guard(L, 5);
+    st->slots[s].scopes++;
   }
   /* nothing below can fail (hook errors end the process): switch */
   st->slots[s].id = id;
@@ -92,6 +93,7 @@ static int guard_close(lua_State *L) {
     lua_getiuservalue(L, 1, G_PREV_GUARD);
     ah_set_guard(L, -1);
     lua_pop(L, 1);
+    if (st->slots[s].scopes) st->slots[s].scopes--;
   }
   return 0;
 }

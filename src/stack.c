@@ -66,8 +66,8 @@ static int alloc_slot(ah_state *st) {
 
 /* back to the inline array once no heap slot is in use and load is low */
 static void maybe_shrink(ah_state *st) {
-  if (st->used_high || st->used_low > AH_INLINE / 2 ||
-      st->slots == st->inline_slots)
+  if (st->slots == st->inline_slots || st->used_high ||
+      st->used_low > AH_INLINE / 2)
     return;
   memcpy(st->inline_slots, st->slots, sizeof(ah_slot) * AH_INLINE);
   free(st->slots);
@@ -99,8 +99,8 @@ static void free_slot(ah_state *st, int s) {
 
 /* eph[thread] = value at idx (nil removes); thread_idx 0: the running one.
 ** The main thread never dies: its anchors are plain aux slots (no hashing). */
-static void eph_set(lua_State *L, int eph, int thread_idx, int idx) {
-  ah_state *st = ah_st(L);
+static void eph_set(lua_State *L, ah_state *st, int eph, int thread_idx,
+                    int idx) {
   lua_State *th = thread_idx ? lua_tothread(L, thread_idx) : L;
   if (th == st->mainL) {
     lua_pushvalue(L, idx);
@@ -157,17 +157,33 @@ void ah_set_guard(lua_State *L, int idx) {
 ** when there is nothing to anchor) until the slot is released, so that a
 ** restore, which only ever returns to a value the thread had before, never
 ** allocates.  F[s] and R[s] exist from registration on. */
+/* the frame of slot s is no longer anchored in AUX_PEND (raw set of an
+** existing array key: cannot fail) */
+static void unpend(lua_State *L, ah_state *st, int s) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  st->slots[s].anchored &= ~A_PEND;
+  st->npend--;
+}
+
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
-  idx = lua_absindex(L, idx);
-  if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
+  if (idx < 0) idx = lua_absindex(L, idx);
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
-    eph_set(L, AH_UV_T, thread_idx, idx);
-    st->slots[s].anchored |= A_FRAME | K_FRAME;
+    eph_set(L, st, AH_UV_T, thread_idx, idx); /* first: can fail */
+    if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
+    st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
   } else if (st->slots[s].anchored & A_FRAME) {
-    lua_pushboolean(L, 0);
-    eph_set(L, AH_UV_T, thread_idx, lua_gettop(L));
-    lua_pop(L, 1);
+    if (st->slots[s].anchored & A_PEND) {
+      unpend(L, st, s);
+    } else {
+      lua_pushboolean(L, 0);
+      eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
+      lua_pop(L, 1);
+    }
     st->slots[s].anchored &= ~A_FRAME;
   }
   lua_pushvalue(L, idx);
@@ -188,7 +204,7 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
       st->slots[s].anchored &= ~A_RES;
     } else {
       aux_eph_set(L, AUX_TR, thread_idx, idx);
-      st->slots[s].anchored |= A_RES | K_RES;
+      st->slots[s].anchored |= A_RES | AKEY_RES;
     }
   }
   if (none)
@@ -202,23 +218,28 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
 ** its frame and resource cannot fail (scope entries reserve first). */
 void ah_reserve(lua_State *L, int s) {
   ah_state *st = ah_st(L);
-  if (!(st->slots[s].anchored & K_FRAME)) {
+  if (!(st->slots[s].anchored & AKEY_FRAME)) {
     lua_pushboolean(L, 0);
-    eph_set(L, AH_UV_T, 0, lua_gettop(L));
+    eph_set(L, st, AH_UV_T, 0, lua_gettop(L));
     lua_pop(L, 1);
-    st->slots[s].anchored |= K_FRAME;
+    st->slots[s].anchored |= AKEY_FRAME;
   }
-  if (!(st->slots[s].anchored & K_RES)) {
+  if (!(st->slots[s].anchored & AKEY_RES)) {
     lua_pushboolean(L, 0);
     aux_eph_set(L, AUX_TR, 0, -1);
     lua_pop(L, 1);
-    st->slots[s].anchored |= K_RES;
+    st->slots[s].anchored |= AKEY_RES;
   }
 }
 
 /* make the value at idx the current frame of L (whose slot is s) */
 void ah_set_frame(lua_State *L, int s, int idx) {
   set_frame_of(L, ah_st(L), s, 0, idx);
+}
+
+/* the same, for callers that hold st already */
+void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx) {
+  set_frame_of(L, st, s, 0, idx);
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
@@ -235,7 +256,8 @@ typedef struct ah_cotok {
   int slot; /* -1 once the slot was given back */
 } ah_cotok;
 
-static void clear(lua_State *L, int s) {
+static void clear(lua_State *L, ah_state *st, int s) {
+  if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   lua_pushnil(L);
@@ -246,12 +268,33 @@ static void clear(lua_State *L, int s) {
 
 /* The thread of slot s finished for good (returned, or was closed): its
 ** slot is free for reuse at once, and the thread is marked released. */
+/* F[s] and TH[s] of a free slot are stale (weak values, overwritten by the
+** next registration); R[s] of a free slot is always nil or false. */
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
-  if (sl->kind == AH_KMAIN) return;
-  if (sl->has_gc) ((ah_cotok *)sl->gctok)->slot = -1;
-  ah_extra(sl->L) = AH_RELEASED;
-  clear(L, s);
+  if (ah_unlikely(sl->kind == AH_KMAIN)) return;
+  if (ah_unlikely(sl->has_gc)) ((ah_cotok *)sl->gctok)->slot = -1;
+  if (ah_likely(st->extra)) {
+    ah_extra(sl->L) = AH_RELEASED;
+  } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
+    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+    lua_rawgeti(L, AH_UV_TH, s);
+    lua_pushboolean(L, 0);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
+  if (sl->anchored & (A_RES | A_PEND)) {
+    if (sl->anchored & A_RES) {
+      lua_pushnil(L);
+      lua_rawseti(L, AH_UV_R, s);
+    }
+    if (sl->anchored & A_PEND) {
+      if (s < AH_INLINE) /* dropped by the next anchor here, or the sentinel */
+        sl->anchored = (unsigned char)((sl->anchored & ~A_PEND) | A_STALE);
+      else /* heap slots can go away (maybe_shrink): drop it now */
+        unpend(L, st, s);
+    }
+  }
   free_slot(st, s);
 }
 
@@ -267,7 +310,7 @@ static int cotok_gc(lua_State *L) {
     st->slots[s].destroyed = 1;
     if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
   }
-  clear(L, s);
+  clear(L, st, s);
   free_slot(st, s);
   return 0;
 }
@@ -281,7 +324,7 @@ static int sweep(lua_State *L, ah_state *st) {
     ah_slot *sl = &st->slots[i];
     if (!sl->L || sl->has_gc || sl->kind == AH_KMAIN) continue;
     if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TNIL) {
-      clear(L, i);
+      clear(L, st, i);
       free_slot(st, i);
       freed++;
     }
@@ -296,41 +339,219 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   ah_cotok *tok = NULL;
   ah_slot *sl;
   int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
-  thread_idx = lua_absindex(L, thread_idx);
-  frame_idx = lua_absindex(L, frame_idx);
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
   if (has_gc) { /* first: the only step here that can run finalizers */
     tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
     tok->st = st;
     tok->slot = -1;
-    lua_rawgeti(L, AH_UV_AUX, AUX_REC_MT);
+    lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
     lua_setmetatable(L, -2);
     aux_eph_set(L, AUX_TGC, thread_idx, -1);
     lua_pop(L, 1);
   }
-  if (st->free_low < 0 && st->free_high < 0 &&
+  if (!st->extra) ah_reserve_binding(L, st, thread_idx);
+  if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
-  s = alloc_slot(st);
+  s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
-  sl->L = co;
+  if (sl->anchored & A_STALE) ah_drop_stale(L, st, s);
   sl->gctok = tok;
   sl->has_gc = (unsigned char)has_gc;
   sl->kind = (unsigned char)kind;
-  sl->destroyed = 0;
-  sl->anchored = kind == AH_KMAIN ? K_FRAME | K_RES : 0; /* aux slots */
-  sl->base_id = sl->id = (kind == AH_KMAIN) ? 1 : st->next_id++;
-  sl->base_trigger = sl->trigger = trigger;
-  ah_extra(co) = (uintptr_t)s;
+  if (kind == AH_KMAIN) {
+    sl->anchored = AKEY_FRAME | AKEY_RES; /* aux slots */
+    sl->base_id = sl->id = 1;
+    st->next_id--;
+  }
   if (tok) tok->slot = s;
-  /* raw sets never run finalizers: nothing can reuse s meanwhile */
+  ah_bind_thread(L, st, s, thread_idx);
+  /* raw sets never run finalizers: nothing can reuse s meanwhile.  Slot
+  ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
-  lua_pushboolean(L, 0);
-  lua_rawseti(L, AH_UV_R, s);
-  set_frame_of(L, st, s, thread_idx, frame_idx);
+  if (lua_topointer(L, frame_idx) != st->empty) {
+    eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
+    sl->anchored |= A_FRAME | AKEY_FRAME;
+  }
+  lua_pushvalue(L, frame_idx);
+  lua_rawseti(L, AH_UV_F, s);
   return s;
+}
+
+/* Take a free slot (one must exist) for thread co, a coroutine with a fresh
+** asyncId; its TH and F entries are the caller's to write. */
+int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
+                 lua_Integer trigger) {
+  int s = alloc_slot(st);
+  ah_slot *sl = &st->slots[s];
+  (void)L;
+  sl->L = co;
+  sl->gctok = NULL;
+  sl->has_gc = 0;
+  sl->kind = AH_KCORO;
+  sl->destroyed = 0;
+  sl->scopes = 0;
+  sl->anchored &= A_STALE; /* the caller overwrites or drops that entry */
+  sl->base_id = sl->id = st->next_id++;
+  sl->base_trigger = sl->trigger = trigger;
+  return s;
+}
+
+/* When the host owns the extra space: make the AUX_TSLOT key of the thread
+** at thread_idx now (allocates; before anything changes), so that
+** ah_bind_thread cannot fail. */
+void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx) {
+  (void)st;
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  lua_pushboolean(L, 0);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+/* Record that the thread at thread_idx owns slot s: in its extra space, or
+** (when the host owns that) in AUX_TSLOT, whose key for the thread the
+** caller made beforehand (ah_register does), so that this cannot fail. */
+void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx) {
+  if (st->extra) {
+    ah_extra(lua_tothread(L, thread_idx)) = (uintptr_t)s;
+    return;
+  }
+  ah_bind_thread_table(L, s, thread_idx);
+}
+
+/* the AUX_TSLOT half of ah_bind_thread */
+void ah_bind_thread_table(lua_State *L, int s, int thread_idx) {
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  lua_pushinteger(L, s);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+/* slot of thread th (at thread_idx): > 0, or -1 when it finished and gave
+** its slot back, or 0 when it never had one */
+int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx) {
+  if (AH_EXTRA_FITS) {
+    uintptr_t cs = ah_extra(th);
+    if (cs < (uintptr_t)st->cap && st->slots[cs].L == th) return (int)cs;
+    if (st->extra) return cs == AH_RELEASED ? -1 : 0;
+  }
+  if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  lua_pushvalue(L, thread_idx);
+  switch (lua_rawget(L, -2)) {
+    case LUA_TNUMBER: {
+      lua_Integer s = lua_tointeger(L, -1);
+      lua_pop(L, 2);
+      return s > 0 && s < st->cap && st->slots[s].L == th ? (int)s : 0;
+    }
+    case LUA_TBOOLEAN: lua_pop(L, 2); return -1;
+    default: lua_pop(L, 2); return 0;
+  }
+}
+
+/* Deferred anchors.  A frame must stay alive as long as its coroutine,
+** without keeping the coroutine alive: an ephemeron entry T[thread] does
+** that, but inserting a new key per coroutine (and clearing it after) is
+** most of what a tracked coroutine with a value set costs.  Most coroutines
+** end before the next collection, so a new coroutine's frame is first held
+** strongly in AUX_PEND[s] (an array write), dropped when the coroutine ends
+** or changes its frame.  A sentinel finalizer, re-armed every cycle, moves
+** the frames of coroutines still alive into T: a frame that refers to its
+** own suspended, abandoned coroutine delays its collection by one cycle,
+** never forever.  Anchor the (non-empty) frame at frame_idx of the new
+** coroutine at thread_idx (slot s) that way (raw sets only: cannot fail,
+** runs no finalizer); the caller armed the sentinel (ah_arm_anchors). */
+void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
+                     int frame_idx) {
+  (void)thread_idx;
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushvalue(L, frame_idx);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  if (st->slots[s].anchored & A_STALE) /* overwritten: still one entry */
+    st->slots[s].anchored &= ~A_STALE;
+  else
+    st->npend++;
+  st->slots[s].anchored |= A_FRAME | A_PEND;
+}
+
+/* the new owner of slot s has no frame to anchor: drop the entry its
+** previous owner left in AUX_PEND (raw set of an existing key) */
+void ah_drop_stale(lua_State *L, ah_state *st, int s) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+  st->slots[s].anchored &= ~A_STALE;
+  st->npend--;
+}
+
+/* __gc of the sentinel: move the deferred anchors of live coroutines to T
+** (that allocates: a failure leaves the rest pending for the next cycle),
+** drop those of collected ones, and re-arm */
+static int pend_gc(lua_State *L) {
+  ah_state *st = ah_st(L);
+  int i;
+  st->armed = 0;
+  if (st->closed || st->npend == 0) return 0;
+  ah_arm_anchors(L, st); /* first: a failure below leaves work for it */
+  lua_settop(L, 0);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
+  for (i = 1; i < st->cap && st->npend > 0; i++) {
+    ah_slot *sl = &st->slots[i];
+    if (sl->anchored & A_STALE) { /* a free slot's leftover */
+      ah_drop_stale(L, st, i);
+      continue;
+    }
+    if (!sl->L || !(sl->anchored & A_PEND)) continue;
+    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 2 */
+      lua_rawgeti(L, 1, i);
+      lua_rawset(L, AH_UV_T);
+      sl->anchored |= AKEY_FRAME;
+    } else {
+      lua_pop(L, 1);
+    }
+    lua_pushnil(L);
+    lua_rawseti(L, 1, i);
+    sl->anchored &= ~A_PEND;
+    st->npend--;
+  }
+  return 0;
+}
+
+/* Before ah_take_slot + ah_anchor_frame: arm the sentinel and make sure
+** AUX_PEND has a key for the slot that will be taken (beyond the presized
+** array part it may need memory), so that anchoring cannot fail.  Raw sets
+** run no finalizer: the free-list head stays what it is now. */
+void ah_reserve_anchor(lua_State *L, ah_state *st) {
+  int next;
+  ah_arm_anchors(L, st);
+  next = st->free_low >= 0 ? st->free_low : st->free_high;
+  if (next > AH_INLINE) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, next);
+    lua_pop(L, 1);
+  }
+}
+
+/* make sure a sentinel will run at the end of the next collection cycle
+** (allocates, can run finalizers: callers arm before anything changes) */
+void ah_arm_anchors(lua_State *L, ah_state *st) {
+  if (st->armed) return;
+  lua_newuserdatauv(L, 0, 0);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND_MT);
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+  st->armed = 1;
 }
 
 /* A thread that never got a slot: a coroutine created behind the library's
@@ -338,10 +559,20 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
 ** fresh asyncId the first time it touches the library. */
 int ah_slot_slow(lua_State *L, ah_state *st) {
   int s;
+  if (!st->extra) { /* the host owns the extra space: a one-entry cache */
+    s = st->last_slot;
+    if (s < st->cap && st->slots[s].L == L) return s;
+  }
   lua_pushthread(L);
+  if (!st->extra && (s = ah_slot_find(L, st, L, -1)) > 0) {
+    lua_pop(L, 1);
+    st->last_slot = s;
+    return s;
+  }
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
   lua_pop(L, 2);
+  st->last_slot = s;
   return s;
 }
 
@@ -411,7 +642,7 @@ static int l_stats(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, used = 0;
   for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 9);
+  lua_createtable(L, 0, 11);
   lua_pushinteger(L, used);
   lua_setfield(L, -2, "slots");
   lua_pushinteger(L, st->cap);
@@ -428,6 +659,10 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "next_id");
   lua_pushinteger(L, st->fast_callbacks);
   lua_setfield(L, -2, "fast_callbacks");
+  lua_pushboolean(L, st->extra);
+  lua_setfield(L, -2, "extraspace");
+  lua_pushinteger(L, st->npend);
+  lua_setfield(L, -2, "pending_anchors");
   return 1;
 }
 
@@ -481,6 +716,29 @@ static void add_funcs(lua_State *L, const luaL_Reg *l) {
   luaL_setfuncs(L, l, AH_NUP);
 }
 
+/* The manual reserves LUA_EXTRASPACE for the host: use it only when the
+** main thread's bytes are all zero (a host that stores data there keeps
+** it; every thread is then looked up in AUX_TSLOT instead).  Lua does not
+** initialize the main thread's bytes: a host that never touches them gets
+** whatever the allocator returned, zero for a fresh allocation (valgrind
+** flags this deliberate read: .ci/valgrind.supp). */
+static AH_NOINLINE int host_extra_unused(lua_State *mainL) {
+  /* one real branch per byte (volatile reads; the empty asm keeps the
+  ** compiler from folding the tests into arithmetic): memcheck reports
+  ** the read here, where the suppression names it, and the result is a
+  ** constant it knows to be defined */
+  const volatile unsigned char *p =
+      (const volatile unsigned char *)lua_getextraspace(mainL);
+  size_t i;
+  for (i = 0; i < LUA_EXTRASPACE; i++) {
+    if (p[i] != 0) {
+      AH_BRANCH_BARRIER();
+      return 0;
+    }
+  }
+  return 1;
+}
+
 /* Build everything inside a closure so that helper code can use the
 ** AH_UV_* indices. */
 static int build(lua_State *L) {
@@ -490,7 +748,9 @@ static int build(lua_State *L) {
   st->slots = st->inline_slots;
   st->cap = AH_INLINE;
   st->free_low = st->free_high = -1;
-  for (i = AH_INLINE - 1; i >= 0; i--) push_free(st, i);
+  /* slot 0 is never handed out: a thread whose extra space is still zero
+  ** has no slot, and F/R/TH keep every slot in their array part */
+  for (i = AH_INLINE - 1; i >= 1; i--) push_free(st, i);
   st->next_id = 2;
   st->cb = st->cb_inline;
   st->cb_cap = AH_CB_INLINE;
@@ -498,8 +758,18 @@ static int build(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   mainL = lua_tothread(L, -1);
   st->mainL = mainL;
+  st->extra = AH_EXTRA_FITS && host_extra_unused(mainL);
 
-  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_REC_MT);
+  new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
+  new_metatable(L, "async_hooks.anchors", pend_gc, AUX_PEND_MT);
+  lua_createtable(L, AH_INLINE, 0);
+  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
     lua_newtable(L);
     lua_createtable(L, 0, 1);
@@ -517,6 +787,8 @@ static int build(lua_State *L) {
     lua_newtable(L);
     lua_rawseti(L, -2, i);
   }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
@@ -527,7 +799,7 @@ static int build(lua_State *L) {
   ah_open_hooks(L);
   ah_open_scope(L);
 
-  /* the main thread: slot 0, asyncId 1, triggerAsyncId 0 */
+  /* the main thread: slot 1, asyncId 1, triggerAsyncId 0 */
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   ah_register(L, st, -2, -1, 0, AH_KMAIN);
   lua_pop(L, 2);
@@ -542,8 +814,8 @@ static int build(lua_State *L) {
   return 1;
 }
 
-static void weak_table(lua_State *L, const char *mode) {
-  lua_newtable(L);
+static void weak_table(lua_State *L, const char *mode, int narr) {
+  lua_createtable(L, narr, 0);
   lua_createtable(L, 0, 1);
   lua_pushstring(L, mode);
   lua_setfield(L, -2, "__mode");
@@ -561,11 +833,16 @@ AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
   lua_pushcfunction(L, state_gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
-  weak_table(L, "v"); /* F */
-  weak_table(L, "v"); /* R */
-  weak_table(L, "k"); /* T */
+  /* upvalue 1 is a light pointer (cheaper to read on every call); the
+  ** aux table anchors the userdata itself */
+  lua_pushlightuserdata(L, st);
+  weak_table(L, "v", AH_INLINE); /* F */
+  weak_table(L, "v", AH_INLINE); /* R */
+  weak_table(L, "k", 0);         /* T */
   lua_createtable(L, AUX_N, 0);
-  weak_table(L, "v"); /* TH */
+  lua_pushvalue(L, -6);
+  lua_rawseti(L, -2, AUX_STATE);
+  weak_table(L, "v", AH_INLINE); /* TH */
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
   lua_pushvalue(L, -1);

@@ -75,6 +75,10 @@ function A.phase_content()
   say { rid:get(), other:get(), ngx.ctx.user_field }
 end
 
+function A.phase_header_filter()
+  ngx.header["X-Rid"] = rid:get()
+end
+
 function A.phase_log()
   ngx.shared.ah:set("log" .. arg("id"), rid:get() .. "|" .. other:get())
 end
@@ -200,14 +204,14 @@ function A.timers()
   end, "x", "y")
   rid:set("every-" .. id)
   local runs = 0
-  local seen = {}
+  local got = {}
   local ok = ngx.timer.every(0.002, function(premature)
     if premature then return end
     runs = runs + 1
     if runs > 3 then return end
-    seen[runs] = rid:get()
+    got[runs] = rid:get()
     rid:set("leak" .. runs)       -- must not reach the next run
-    if runs == 3 then d:set("t_every" .. id, concat(seen, ",")) end
+    if runs == 3 then d:set("t_every" .. id, concat(got, ",")) end
   end)
   rid:set("after")
   for _ = 1, 500 do
@@ -259,9 +263,10 @@ function A.scopes()
   out[#out + 1] = rid:run("in", function(a) return rid:get() .. a end, "!")
   out[#out + 1] = rid:get()
   local e = {}
-  local ok, err = pcall(rid.run, rid, "in", function() other:set("x"); error(e) end)
+  local _, ok, err
+  ok, err = pcall(rid.run, rid, "in", function() other:set("x"); error(e) end)
   out[#out + 1] = s(ok) .. s(err == e) .. rid:get() .. other:get()
-  ok, err = pcall(rid.run, rid, "in", function() error("plain", 0) end)
+  _, err = pcall(rid.run, rid, "in", function() error("plain", 0) end)
   out[#out + 1] = s(err)
   -- yields inside a scope: a light thread sleeps in rid:run while the parent
   -- (and another thread) keep their own values
@@ -277,12 +282,24 @@ function A.scopes()
     ngx.sleep(0.003)
     return rid:get()
   end)
+  -- a cosocket round trip (to this server) inside a scope
+  local t3 = ngx.thread.spawn(function()
+    return rid:run("sock", function()
+      local sock = ngx.socket.tcp()
+      assert(sock:connect("127.0.0.1", tonumber(ngx.var.server_port)))
+      assert(sock:send("GET /__ah_ping HTTP/1.0\r\nHost: x\r\n\r\n"))
+      local resp = sock:receive("*a")
+      sock:close()
+      return rid:get() .. ":" .. resp:match("^HTTP/1%.%d (%d+)")
+    end) .. "/" .. rid:get()
+  end)
   ngx.sleep(0.005)
   out[#out + 1] = rid:get()
   out[#out + 1] = select(2, ngx.thread.wait(t))
   out[#out + 1] = select(2, ngx.thread.wait(t2))
+  out[#out + 1] = select(2, ngx.thread.wait(t3))
   -- the error of a scope that slept
-  ok, err = pcall(rid.run, rid, "slept", function() ngx.sleep(0.001); error("late", 0) end)
+  _, err = pcall(rid.run, rid, "slept", function() ngx.sleep(0.001); error("late", 0) end)
   out[#out + 1] = s(err) .. rid:get()
   -- Snapshot, AsyncLocalStorage, Snapshot.empty
   local snap = Snapshot.new()
@@ -296,6 +313,14 @@ function A.scopes()
   local bound = Snapshot.wrap(function() return rid:get() end)
   rid:set("x2")
   out[#out + 1] = bound()
+  -- disable: the default everywhere, set works again
+  local tmp = AsyncLocal.new { default = "d" }
+  tmp:set(1)
+  local snap2 = Snapshot.new()
+  tmp:disable()
+  out[#out + 1] = tmp:get() .. snap2:run(function() return tmp:get() end)
+  tmp:set(2)
+  out[#out + 1] = s(tmp:get())
   say(out)
 end
 
@@ -350,6 +375,13 @@ function A.hooks()
   r:emitDestroy()
   r:emitDestroy()
   out[#out + 1] = s(got) .. s(ah.executionAsyncId() == parent)
+  -- a resource collected by the GC: destroy is queued by its finalizer and
+  -- delivered at the next dispatch
+  mark("gc")
+  do local _ = ah.AsyncResource.new("collected") end
+  collectgarbage()
+  collectgarbage()
+  ah.AsyncResource.new("next", { requireManualDestroy = true }):emitDestroy()
   hook:disable()
   out[#out + 1] = concat(log, ",")
   ngx.say(concat(out, "\n"))

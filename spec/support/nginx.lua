@@ -93,7 +93,8 @@ function N.start(o)
   local p = io.popen("mktemp -d " .. prefix .. "/ah-nginx-XXXXXX")
   prefix = p:read("l")
   p:close()
-  assert(sh(("mkdir -p '%s/conf' '%s/logs' '%s/temp'"):format(prefix, prefix, prefix)))
+  -- workers run as nobody when the master is root: let them in
+  assert(sh(("mkdir -p '%s/conf' '%s/logs' '%s/temp' && chmod 755 '%s'"):format(prefix, prefix, prefix, prefix)))
   local port = o.port or N.free_port()
   local fg = o.foreground
   spit(prefix .. "/conf/nginx.conf", CONF:format(o.workers or 1, fg and "off" or "on", fg and "off" or "on",
@@ -168,11 +169,11 @@ local function request(port, path, cb)
   local t = uv.new_tcp()
   local chunks = {}
   local done = false
-  local function finish(st, body)
+  local function finish(st, body, head)
     if done then return end
     done = true
     if not t:is_closing() then t:close() end
-    cb(st, body)
+    cb(st, body, head)
   end
   t:connect("127.0.0.1", port, function(err)
     if err then return finish(nil, err) end
@@ -184,20 +185,21 @@ local function request(port, path, cb)
       else
         local resp = table.concat(chunks)
         local st = tonumber(resp:match("^HTTP/1%.%d (%d%d%d)"))
-        local body = resp:match("\r\n\r\n(.*)$")
-        if st then finish(st, body) else finish(nil, "bad response: " .. resp) end
+        local head, body = resp:match("^(.-\r\n)\r\n(.*)$")
+        if st then finish(st, body, head) else finish(nil, "bad response: " .. resp) end
       end
     end)
   end)
 end
 
---- Issue the GETs all at once; returns a list of {status, body} in order.
+--- Issue the GETs all at once; returns a list of {status, body, headers}
+-- in order (headers: the raw header block).
 -- @param timeout seconds (10)
 function Server:get_many(paths, timeout)
   local results, pending = {}, #paths
   for i, path in ipairs(paths) do
-    request(self.port, path, function(st, body)
-      results[i] = { st, body }
+    request(self.port, path, function(st, body, head)
+      results[i] = { st, body, head }
       pending = pending - 1
     end)
   end

@@ -6,20 +6,23 @@
 -- Where the context lives:
 --
 -- * A request's state `rs` is a table stored in its `ngx.ctx` under a private
---   key (read with `rawget`).  It is the context record of the request's
---   entry threads, so the rewrite/access/content/log handlers share it, and it
---   dies with the request.  ngx_lua recycles Lua thread objects across
---   requests; nothing here is keyed by a thread alone, so a recycled thread
---   never sees another request's values.
+--   key (read with `rawget`; looked up without making the ctx, made by the
+--   first set/run).  It is the context record of the request's entry
+--   threads, so the rewrite/access/content/filter/log handlers share it, and
+--   it dies with the request.  ngx_lua recycles Lua thread objects (and
+--   request memory) across requests; nothing here is keyed by a thread alone,
+--   so a recycled thread never sees another request's values.
 -- * Threads that the library starts for the request (coroutines made by
 --   `coroutine.create`/`wrap`, `ngx.thread.spawn` light threads) get their own
 --   record, `rs[thread]`, made when their body starts and removed when it
---   returns.
--- * A timer callback runs in a fake request with a fresh `ngx.ctx`: the
---   trampoline puts a fresh `rs` there, starting in the frame captured by
---   `ngx.timer.at`/`every` (carried as extra timer arguments).
--- * Outside requests (init, init_worker) one top-level record, and one record
---   per library coroutine in a weak table.
+--   returns; `rs.n` counts them, so that a request without any pays no
+--   `coroutine.running()` (which LuaJIT does not compile).
+-- * A timer callback runs in a fake request: the trampoline keeps its record
+--   in `timer_recs` by the fake request's address while it runs, starting in
+--   the frame captured by `ngx.timer.at`/`every` (carried as extra timer
+--   arguments).  A registration nothing can observe is not wrapped at all.
+-- * Outside requests (init_by_lua) one top-level record, and one record per
+--   library coroutine in a weak table.
 --
 -- A frame is an immutable table {token -> value} (weak keys, so that
 -- `disable()` makes values collectable); `NILV` stands for an explicit nil.
@@ -53,12 +56,19 @@ local EMPTY = setmetatable({}, WEAKK)
 local TOKMT = { __name = "async_hooks.token" }
 local KEY = {} -- our key in ngx.ctx
 
+-- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
+-- from compiling the common case, the first value of an empty frame)
+local function copy(frame)
+  local nf = {}
+  for k, v in pairs(frame) do nf[k] = v end
+  return nf
+end
+
 --- a frame like `frame` with `tok` set to `value`
 local function with(frame, tok, value)
   if value == nil then value = NILV end
   if frame == EMPTY then return setmetatable({ [tok] = value }, WEAKK) end
-  local nf = {}
-  for k, v in pairs(frame) do nf[k] = v end
+  local nf = copy(frame)
   nf[tok] = value
   return setmetatable(nf, WEAKK)
 end
@@ -112,7 +122,7 @@ end
 -- that raised is never seen by a later timer that reuses the address.
 local timer_recs = {}
 local timer_live = 0
-local get_raw_phase = ngx.get_raw_phase
+local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
 local TIMER_PHASE = 0x0080
 -- the address as a Lua number, through 32-bit halves (which the FFI reads
 -- as numbers; tonumber of a 64-bit cdata aborts traces here)
@@ -149,8 +159,9 @@ local function reqstate()
   return new_reqstate()
 end
 
--- the record of what runs now, made when missing
-local function current()
+-- the record of what runs now, or nil when the request has none yet (makes
+-- nothing)
+local function lookup()
   local rs = peek()
   if rs then
     if rs.n == 0 then return rs end
@@ -160,21 +171,17 @@ local function current()
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  return timer_rec() or new_reqstate()
+  return timer_rec()
+end
+
+-- the record of what runs now, made when missing
+local function current()
+  return lookup() or new_reqstate()
 end
 
 -- the frame of what runs now (makes nothing)
 local function frame_now()
-  local rs = peek()
-  if rs then
-    if rs.n == 0 then return rs.frame end
-    return (rs[co_running()] or rs).frame
-  end
-  if rs == false then
-    local co = co_running()
-    return (co and top_threads[co] or TOP).frame
-  end
-  local rec = timer_rec()
+  local rec = lookup()
   if rec ~= nil then return rec.frame end
   return EMPTY
 end
@@ -482,20 +489,48 @@ local function body_start(frame, id, trigger, res, tok)
 end
 
 -- the coroutine functions ours call: ngx_lua's (as found at install)
-local std = { create = stdco.create, wrap = stdco.wrap }
+local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 
 local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
     local where, co, rec = body_start(frame, id, trigger, res, tok)
+    rec.coro = true
     return body_done(where, co, rec, f(...))
   end
+end
+
+-- coroutine.yield: `after` when a library coroutine yields, `before` when it
+-- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
+-- make are not visible)
+local function resumed(rec, ...)
+  emit_before(rec.id)
+  return ...
+end
+
+local function co_yield(...)
+  if n_before + n_after > 0 then
+    local co = co_running()
+    local rs, rec = peek(), nil
+    if rs then
+      rec = rs[co]
+    elseif rs == false and co then
+      rec = top_threads[co]
+    end
+    if rec ~= nil and rec.coro then
+      emit_after(rec.id)
+      return resumed(rec, std.yield(...))
+    end
+  end
+  return std.yield(...)
 end
 
 local function co_create(f)
   if type(f) ~= "function" then return std.create(f) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
-  return std.create(co_body(f, parent.frame, id, trigger, res, tok))
+  local co = std.create(co_body(f, parent.frame, id, trigger, res, tok))
+  if res ~= nil then res.thread = co end
+  return co
 end
 
 local function co_wrap(f)
@@ -507,7 +542,7 @@ end
 
 B.coroutine = {
   create = co_create, wrap = co_wrap,
-  resume = stdco.resume, yield = stdco.yield, status = stdco.status,
+  resume = stdco.resume, yield = co_yield, status = stdco.status,
   running = stdco.running, isyieldable = stdco.isyieldable,
 }
 
@@ -621,14 +656,15 @@ local function make_timer(real, once)
   return function(delay, f, ...)
     if type(f) ~= "function" then return real(delay, f, ...) end
     local nargs = select("#", ...)
+    local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
-    if n_init + n_before + n_after + n_destroy == 0 and frame_now() == EMPTY then
+    if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent.frame == EMPTY) then
       if timer_live == 0 then return real(delay, f, ...) end
       if nargs == 0 then return real(delay, timer_plain0, f) end
       return real(delay, timer_plain, f, ...)
     end
-    local parent = current()
+    parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
     if nargs == 0 then
@@ -650,16 +686,21 @@ end
 
 B.install_options = {}
 
---- Patch coroutine.create/wrap, ngx.thread.spawn/kill, ngx.timer.at/every.
+--- Patch coroutine.create/wrap/yield, ngx.thread.spawn/kill,
+-- ngx.timer.at/every.
 function B.install()
   if persist.orig then return end
   local t, tm = ngx.thread, ngx.timer
+  if type(t) ~= "table" or type(tm) ~= "table" then return "ngx.thread and ngx.timer are missing" end
   local o = {
-    create = stdco.create, wrap = stdco.wrap,
+    create = stdco.create, wrap = stdco.wrap, yield = stdco.yield,
     spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
   }
-  std.create, std.wrap = o.create, o.wrap
-  stdco.create, stdco.wrap = co_create, co_wrap
+  for k, f in pairs(o) do
+    if type(f) ~= "function" then return "cannot patch " .. k .. " (a " .. type(f) .. ")" end
+  end
+  std.create, std.wrap, std.yield = o.create, o.wrap, o.yield
+  stdco.create, stdco.wrap, stdco.yield = co_create, co_wrap, co_yield
   t.spawn, t.kill = make_spawn(o.spawn), make_kill(o.kill)
   tm.at, tm.every = make_timer(o.at, true), make_timer(o.every, false)
   persist.orig = o
@@ -669,7 +710,7 @@ end
 function B.uninstall()
   local o = persist.orig
   if not o then return end
-  stdco.create, stdco.wrap = o.create, o.wrap
+  stdco.create, stdco.wrap, stdco.yield = o.create, o.wrap, o.yield
   ngx.thread.spawn, ngx.thread.kill = o.spawn, o.kill
   ngx.timer.at, ngx.timer.every = o.at, o.every
   persist.orig = nil
