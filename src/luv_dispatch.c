@@ -521,13 +521,16 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   }
   st = lv->st;
   flags |= lv->flags;
-  s = ah_extra(L);
+  /* the slot from the extra space (safe to read even when the host owns
+  ** it: a value passes only if slot s names this very thread); when the
+  ** host owns it, the slow path finds the slot */
+  s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
   r = ah_luv_record(L, lv, base);
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (in_run && known && lua_checkstack(L, 32) &&
-      (st->slots[s].anchored & (K_FRAME | K_RES)) == (K_FRAME | K_RES) &&
+      (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
     return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
   if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
