@@ -220,9 +220,8 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   int res = st->nhooks[AH_INIT] || st->res_on;
   lua_Integer id, old;
   lua_pushvalue(L, pos); /* n+2 (Lua guarantees LUA_MINSTACK free slots) */
-  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); else lua_pushnil(L); /* n+3 */
-  lua_pushvalue(L, n + 1);
-  lua_replace(L, pos);
+  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); /* n+3 */
+  lua_copy(L, n + 1, pos);
   id = st->next_id++;
   nres = sp->orig(L);
   /* accepted: the old registration ends, the new one begins */
