@@ -51,16 +51,25 @@ describe("luv integration", function()
   end)
 
   it("covers every callback-taking luv function", function()
+    ah.uninstall()
+    local orig = {}
+    for k, f in pairs(uv) do orig[k] = f end
+    ah.install()
     local covered = {}
     for _, name in ipairs(ah.luv_covered) do covered[name] = true end
+    local present = 0
     for _, name in ipairs { "timer_start", "idle_start", "prepare_start", "check_start", "new_async",
       "poll_start", "signal_start", "signal_start_oneshot", "fs_event_start", "fs_poll_start", "listen",
       "read_start", "udp_recv_start", "spawn", "close", "tcp_close_reset", "write", "write2", "shutdown",
       "tcp_connect", "pipe_connect", "udp_send", "getaddrinfo", "getnameinfo", "random", "new_work",
       "fs_read", "fs_write", "fs_opendir", "fs_open", "fs_close", "fs_stat", "fs_scandir" } do
       assert.is_true(covered[name], name)
-      if uv[name] then assert.are_not.equal(nil, uv[name]) end
+      -- luv 1.44 has every one of these: each is patched by install()
+      assert.equal("function", type(orig[name]), name)
+      assert.are_not.equal(orig[name], uv[name], name)
+      present = present + 1
     end
+    assert.equal(33, present)
   end)
 
   it("nested timers under different run values each see their own", function()
@@ -572,5 +581,216 @@ describe("luv integration", function()
     ]])
     assert.equal(0, code)
     assert.equal("late\ntrue\n", out)
+  end)
+  describe("handle registrations (per handle and callback slot)", function()
+    local function recorder()
+      local log, types = {}, {}
+      local h = track(ah.createHook {
+        init = function(id, type) types[id] = type; log[#log + 1] = { "init", id, type } end,
+        before = function(id) log[#log + 1] = { "before", id } end,
+        after = function(id) log[#log + 1] = { "after", id } end,
+        destroy = function(id) log[#log + 1] = { "destroy", id } end,
+      })
+      h:enable()
+      return log, types
+    end
+    -- every before/after of id comes after its init and before its destroy
+    local function check_order(log)
+      local state = {}
+      for _, e in ipairs(log) do
+        local kind, id = e[1], e[2]
+        if kind == "init" then
+          assert.is_nil(state[id], "init twice for " .. id)
+          state[id] = "live"
+        elseif state[id] then -- ids made before the hook are not followed
+          assert.equal("live", state[id], kind .. " of " .. id .. " after its destroy")
+          if kind == "destroy" then state[id] = "dead" end
+        end
+      end
+      return state
+    end
+
+    it("a write or shutdown from the read callback leaves the read_start registration alive", function()
+      local log, types = recorder()
+      local server = uv.new_tcp()
+      assert(server:bind("127.0.0.1", 0))
+      local reads, read_ids = 0, {}
+      server:listen(8, function()
+        local conn = uv.new_tcp()
+        server:accept(conn)
+        conn:read_start(function(err, data)
+          read_ids[ah.executionAsyncId()] = true
+          if data then
+            reads = reads + 1
+            conn:write(data) -- a request on the same handle
+          else
+            conn:shutdown(function() conn:close(); server:close() end)
+          end
+        end)
+      end)
+      local c = uv.new_tcp()
+      c:connect("127.0.0.1", server:getsockname().port, function()
+        local sent = 0
+        local function send()
+          sent = sent + 1
+          c:write("x" .. sent, function() end)
+        end
+        c:read_start(function(err, data)
+          if data and sent < 3 then send() elseif data then c:shutdown(function() c:close() end) end
+        end)
+        send()
+      end)
+      run_loop()
+      assert.is_true(reads >= 3)
+      local state = check_order(log)
+      -- one read_start registration on the server side served every read,
+      -- EOF included, and was destroyed only when its handle closed
+      local n = 0
+      for id in pairs(read_ids) do
+        n = n + 1
+        assert.equal("uv_tcp", types[id])
+        assert.equal("dead", state[id])
+      end
+      assert.equal(1, n)
+    end)
+
+    it("udp: send on the receiving handle keeps its recv_start registration", function()
+      local log, types = recorder()
+      local rx = uv.new_udp()
+      assert(rx:bind("127.0.0.1", 0))
+      local port = rx:getsockname().port
+      local got, recv_ids = 0, {}
+      rx:recv_start(function(err, data)
+        if not data then return end
+        recv_ids[ah.executionAsyncId()] = true
+        got = got + 1
+        if got < 3 then
+          rx:send("again", "127.0.0.1", port, function() end) -- to itself
+        else
+          rx:close()
+        end
+      end)
+      rx:send("first", "127.0.0.1", port, function() end)
+      run_loop()
+      assert.equal(3, got)
+      local state = check_order(log)
+      local n = 0
+      for id in pairs(recv_ids) do
+        n = n + 1
+        assert.equal("uv_udp", types[id])
+        assert.equal("dead", state[id]) -- at close, not at the first send
+      end
+      assert.equal(1, n)
+    end)
+
+    it("re-arming a slot from outside its callback destroys the old registration; close the last", function()
+      local log = recorder()
+      local t = uv.new_idle()
+      local seen = {}
+      local v = AsyncLocal.new()
+      v:run("a", function() t:start(function() seen[#seen + 1] = v:get() end) end)
+      v:run("b", function() t:start(function() seen[#seen + 1] = v:get(); t:stop() end) end)
+      run_loop()
+      t:close()
+      run_loop()
+      assert.same({ "b" }, seen)
+      local inits, destroys = {}, {}
+      for _, e in ipairs(log) do
+        if e[1] == "init" and e[3] == "uv_idle" then inits[#inits + 1] = e[2] end
+        if e[1] == "destroy" then destroys[#destroys + 1] = e[2] end
+      end
+      assert.equal(2, #inits)
+      assert.same(inits, destroys)
+      check_order(log)
+    end)
+
+    it("a chain re-armed from its own callback: each step its own asyncId, ids balanced", function()
+      local log = recorder()
+      local t = uv.new_timer()
+      local v = AsyncLocal.new()
+      local ids, vals = {}, {}
+      local left = 5
+      local function step()
+        ids[#ids + 1] = ah.executionAsyncId()
+        vals[#vals + 1] = v:get()
+        left = left - 1
+        if left == 0 then t:close() return end
+        v:run(left, function() t:start(0, 0, step) end)
+      end
+      v:run("first", function() t:start(0, 0, step) end)
+      run_loop()
+      assert.same({ "first", 4, 3, 2, 1 }, vals)
+      for i = 2, #ids do assert.is_true(ids[i] > ids[i - 1]) end
+      local state = check_order(log)
+      for _, id in ipairs(ids) do assert.equal("dead", state[id]) end
+    end)
+
+    it("listen and read_start on one handle are separate slots", function()
+      local log = recorder()
+      local p = uv.new_pipe(false)
+      local path = os.tmpname()
+      os.remove(path)
+      assert(p:bind(path))
+      p:listen(1, function() end)
+      local listen_id
+      for _, e in ipairs(log) do if e[1] == "init" then listen_id = e[2] end end
+      -- read_start on a listening pipe fails in libuv, but luv registers the
+      -- callback first: the listen registration must survive it
+      pcall(p.read_start, p, function() end)
+      local tick = uv.new_timer() -- a callback's exit delivers queued destroys
+      tick:start(0, 0, function() tick:close() end)
+      uv.run("once")
+      local state = check_order(log)
+      assert.equal("live", state[listen_id])
+      p:close()
+      run_loop()
+      os.remove(path)
+      state = check_order(log)
+      assert.equal("dead", state[listen_id])
+    end)
+  end)
+
+  it("uninstall() runs no user code and keeps the check handle for the next install", function()
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local h = ah.createHook { destroy = function() end }:enable() -- the check runs
+      local ran = false
+      local t = uv.new_timer()
+      t:start(0, 0, function() ran = true; t:close() end)
+      uv.sleep(5) -- the timer is due
+      ah.uninstall()
+      print("after uninstall", ran)
+      ah.install()
+      ah.uninstall()
+      h:disable()
+      uv.run()
+      print("after run", ran)
+      -- exit without running the loop again: luv 1.44 would crash here on a
+      -- handle closed since the loop last ran
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("after uninstall\tfalse\nafter run\ttrue\n", out)
+  end)
+
+  it("a resource asked for in a re-armed chain step is that step's", function()
+    local t = uv.new_timer()
+    local v = AsyncLocal.new()
+    local res, left = {}, 3
+    local function step()
+      left = left - 1
+      if left > 0 then t:start(0, 0, step) end -- re-armed before asking
+      res[#res + 1] = ah.executionAsyncResource()
+      if left == 0 then t:close() end
+    end
+    v:run(1, function() t:start(0, 0, step) end)
+    run_loop()
+    assert.equal(3, #res)
+    for i, r in ipairs(res) do
+      assert.equal("timer_start", r.op, i)
+      assert.equal(t, r.handle, i)
+      for j = 1, i - 1 do assert.are_not.equal(res[j], r) end
+    end
   end)
 end)

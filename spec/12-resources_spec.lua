@@ -305,11 +305,12 @@ describe("luv resource fields", function()
   end)
 
   it("core.luv_wrap checks the op name and the named arguments", function()
-    local wrap, HR = require("async_hooks.core").luv_wrap, {}
-    assert.matches("string expected", select(2, pcall(wrap, print, 1, 0, 0, nil, HR)))
-    assert.matches("bad field position", select(2, pcall(wrap, print, 1, 0, 0, nil, HR, "x", { "path", 16 })))
-    assert.matches("bad field name", select(2, pcall(wrap, print, 1, 0, 0, nil, HR, "x", { 1, 1 })))
-    assert.equal("function", type(wrap(print, 1, 0, 0, nil, HR, "x", { "a", 1, "b", 2 })))
+    -- luv_wrap(orig, op, pos, alt, kind, type, slot, fn, fields)
+    local wrap = require("async_hooks.core").luv_wrap
+    assert.matches("string expected", select(2, pcall(wrap, print, nil, 1, 0, 0)))
+    assert.matches("bad field position", select(2, pcall(wrap, print, "x", 1, 0, 0, nil, 0, false, { "path", 16 })))
+    assert.matches("bad field name", select(2, pcall(wrap, print, "x", 1, 0, 0, nil, 0, false, { 1, 1 })))
+    assert.equal("function", type(wrap(print, "x", 1, 0, 0, nil, 0, false, { "a", 1, "b", 2 })))
   end)
 end)
 

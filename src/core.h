@@ -210,7 +210,7 @@ void ah_open_scope(lua_State *L);
 /* coro.c */
 void ah_open_coro(lua_State *L);
 
-/* luv.c */
+/* luv.c, luv_dispatch.c */
 int ah_luv_resource(lua_State *L, ah_state *st, int s);
 void ah_open_luv(lua_State *L);
 

@@ -586,8 +586,10 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   int t;
   thread_idx = lua_absindex(L, thread_idx);
   t = lua_rawgeti(L, AH_UV_R, s);
-  if (t == LUA_TFUNCTION && st->lazy_resource &&
-      st->lazy_resource(L, st, s)) {
+  if ((t == LUA_TFUNCTION || t == LUA_TUSERDATA ||
+       (t != LUA_TTABLE && !lua_toboolean(L, -1) && st->cb_n &&
+        st->cb[st->cb_n - 1] == st->slots[s].id)) && /* a luv callback's */
+      st->lazy_resource && st->lazy_resource(L, st, s)) {
     set_resource_of(L, st, s, thread_idx, -1);
     return;
   }

@@ -9,19 +9,21 @@
 -- @module async_hooks.luv
 local core = require("async_hooks.core")
 
-local pairs, ipairs, type, rawget, select = pairs, ipairs, type, rawget, select
+local pairs, ipairs, type, rawget = pairs, ipairs, type, rawget
 local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
 
---- Every callback-taking luv function: {name, position[, alternative
--- position], kind[, resource type[, named arguments]]}.  The alternative
--- position is used when the callback is not at the first one and that
--- argument is nil (fs_read(fd, size, cb) and fs_read(fd, size, offset, cb)).
--- Handle callbacks take their type from the handle's metatable (`uv_timer`,
--- `uv_tcp`, ...).  Every resource has `op` (the name) and `handle` (the first
--- argument when it is a userdata); the named arguments `{field, position,
--- ...}` (at most two) are copied into it too.
+--- Every callback-taking luv function: {name, position, alternative
+-- position, kind[, resource type[, named arguments]]}; `fn`: luv takes only
+-- a function there.  The alternative position is used when
+-- the callback is not at the first one and that argument is nil (fs_read(fd,
+-- size, cb) and fs_read(fd, size, offset, cb)).  Handle callbacks take their
+-- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).  Every
+-- resource has `op` (the name) and `handle` (the first argument when it is a
+-- userdata); the named arguments `{field, position, ...}` (at most two) are
+-- copied into it too.
 local SPECS = {
-  -- handle callbacks (kept until replaced or the handle is closed)
+  -- handle callbacks (kept until the same slot is re-armed or the handle
+  -- is closed)
   { "timer_start", 4, 0, K_HANDLE },
   { "prepare_start", 2, 0, K_HANDLE },
   { "check_start", 2, 0, K_HANDLE },
@@ -35,9 +37,9 @@ local SPECS = {
   { "read_start", 2, 0, K_HANDLE },
   { "udp_recv_start", 2, 0, K_HANDLE },
   -- handles created by the call itself
-  { "new_async", 1, 0, K_CREATE, "uv_async" },
+  { "new_async", 1, 0, K_CREATE, "uv_async", fn = true },
   { "spawn", 3, 0, K_CREATE, "uv_process" },
-  -- close callbacks (one-shot; the handle's registration is destroyed)
+  -- close callbacks (one-shot; the handle's registrations are destroyed)
   { "close", 2, 0, K_CLOSE },
   { "tcp_close_reset", 2, 0, K_CLOSE },
   -- requests (one-shot)
@@ -52,8 +54,12 @@ local SPECS = {
   { "getnameinfo", 2, 0, K_REQ, "uv_getnameinfo" },
   { "random", 3, 0, K_REQ, "uv_random" },
   -- the after-work callback of new_work (called once per queue_work)
-  { "new_work", 2, 0, K_WORK, "uv_work" },
+  { "new_work", 2, 0, K_WORK, "uv_work", fn = true },
 }
+
+--- Callback slots of handle registrations: registering again through a
+-- function of the same slot replaces the registration.
+local SLOT_OF = { signal_start_oneshot = "signal_start" }
 
 local FS = {
   fs_close = 2, fs_open = 4, fs_read = { 4, 3 }, fs_unlink = 2, fs_write = { 4, 3 },
@@ -84,31 +90,49 @@ for name, pos in pairs(FS) do
   end
 end
 
-local L = {}
+local M = {}
 
 --- The names of the luv functions that are wrapped (for the README and the
 -- specs).
-L.covered = {}
-for _, s in ipairs(SPECS) do L.covered[#L.covered + 1] = s[1] end
-table.sort(L.covered)
+M.covered = {}
+for _, s in ipairs(SPECS) do M.covered[#M.covered + 1] = s[1] end
+table.sort(M.covered)
 
-local state -- {uv = module, patches = {{tbl, key, orig}}, check = handle}
+local nslots, slot_numbers = 0, {}
+for _, s in ipairs(SPECS) do
+  if s[4] == K_HANDLE or s[4] == K_CREATE then
+    local name = SLOT_OF[s[1]] or s[1]
+    if not slot_numbers[name] then
+      nslots = nslots + 1
+      slot_numbers[name] = nslots
+    end
+    s.slot = slot_numbers[name]
+  end
+end
+
+local function destroy_hook_count()
+  local _, _, _, destroy = core.hook_counts()
+  return destroy
+end
 
 --- Patch luv (idempotent).
 -- @param uv the luv module table
-function L.attach(uv, persist)
-  state = persist.luv
-  if state then return end
-  state = { uv = uv, patches = {} }
-  local HR = setmetatable({}, { __mode = "k" }) -- handle -> trampoline
-  local wrappers = {}                          -- original -> wrapper
-  local check_start = uv.check_start
+-- @param persist the table that survives re-requires of the module
+function M.attach(uv, persist)
+  if persist.luv then return end
+  local state = { uv = uv, patches = {} } -- patches: {{tbl, key, orig}}
+  local wrappers = {}                      -- original -> wrapper
+  local check_start, check_stop, flush = uv.check_start, uv.check_stop, core.flush
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
-      wrappers[orig] = core.luv_wrap(orig, s[2], s[3], s[4], s[5], HR, s[1], s[6])
+      wrappers[orig] = core.luv_wrap(orig, s[1], s[2], s[3], s[4], s[5], s.slot, s.fn, s[6])
     end
   end
+  -- uv.run itself: callbacks that run inside the library's uv.run find the
+  -- core's state in its upvalues (the fast path of src/luv_dispatch.c)
+  local run = rawget(uv, "run")
+  if type(run) == "function" then wrappers[run] = core.luv_wrap_run(run) end
   local function patch(tbl)
     for k, v in pairs(tbl) do
       local w = wrappers[v]
@@ -130,21 +154,28 @@ function L.attach(uv, persist)
   -- deliver queued destroys at least once per loop iteration: every
   -- callback's exit flushes them, and this check handle, running only while
   -- destroy hooks exist, makes sure there is one per iteration (unref'd: it
-  -- does not keep the loop alive)
-  local check = uv.new_check()
-  uv.unref(check)
+  -- does not keep the loop alive).  It is kept across uninstall() (stopped:
+  -- closing it would need the loop to run, see M.detach).
+  local check = persist.luv_check
+  if not check or check:is_closing() then
+    check = uv.new_check()
+    uv.unref(check)
+    persist.luv_check = check
+  end
   local function destroy_hooks(on)
-    if on then check_start(check, core.flush) else check:stop() end
+    if on then check_start(check, flush) else check_stop(check) end
   end
   core.on_destroy_hooks(destroy_hooks)
-  destroy_hooks(select(4, core.hook_counts()) > 0)
-  state.check = check
+  destroy_hooks(destroy_hook_count() > 0)
   persist.luv = state
 end
 
---- Undo `attach`: every patched slot gets its original function back.
-function L.detach(persist)
-  state = persist.luv
+--- Undo `attach`: every patched slot gets its original function back.  Runs
+-- no user code: the check handle is stopped, not closed (luv 1.44 crashes
+-- at exit on a handle closed after the loop last ran), for the next attach.
+-- @param persist the table given to `attach`
+function M.detach(persist)
+  local state = persist.luv
   if not state then return end
   for i = #state.patches, 1, -1 do
     local p = state.patches[i]
@@ -152,15 +183,9 @@ function L.detach(persist)
   end
   core.luv_detach()
   core.on_destroy_hooks(nil)
-  local check, uv = state.check, state.uv
-  if check and not check:is_closing() then
-    check:stop()
-    check:close()
-    -- luv 1.44 crashes at exit on a closed handle the loop never saw again
-    if not uv.loop_alive() or uv.loop_mode() == nil then uv.run("nowait") end
-  end
+  local check = persist.luv_check
+  if check and not check:is_closing() then check:stop() end
   persist.luv = nil
-  state = nil
 end
 
-return L
+return M

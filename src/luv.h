@@ -1,0 +1,95 @@
+/*
+** luv.h - what the two halves of the luv integration share: registration
+** (luv.c) and dispatch (luv_dispatch.c).  Private to those two files.
+*/
+#ifndef AH_LUV_H
+#define AH_LUV_H
+
+#include "core.h"
+
+typedef int (*ah_luv_pcall)(lua_State *L, int nargs, int nresults, int flags);
+
+typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
+  void *loop;
+  lua_State *L;
+  ah_luv_pcall cb_pcall;
+} ah_luv_ctx;
+
+/* registry[&ah_luv_key]: one per Lua state, never collected before it */
+typedef struct ah_luv {
+  ah_luv_ctx *ctx;    /* NULL until attached */
+  ah_luv_pcall orig;  /* luv's own cb_pcall */
+  ah_state *st;
+  lua_CFunction run;  /* luv's uv.run */
+  int closures;       /* a record closure was made (ah_luv_rec_fn) */
+  /* the record whose callback runs inline (dispatch_run), with the asyncId
+  ** and slot it runs in: executionAsyncResource() finds it here */
+  struct ah_rec *cur;
+  lua_Integer cur_id;
+  int cur_slot;
+  int cur_wrote; /* R[cur_slot] was written while it runs (see rearm) */
+  int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
+} ah_luv;
+
+extern const char ah_luv_key;
+
+/* user values of the ah_luv userdata */
+enum {
+  LV_ENTER = 1, /* protected enter closure (the slow path) */
+  LV_LEAVE,     /* protected leave closure */
+  LV_FLUSH,     /* protected destroy flush */
+  LV_RECMT,     /* metatable of records */
+  LV_SPECS,     /* spec -> spec (keeps specs alive) */
+  LV_NUV = LV_SPECS
+};
+
+/* kinds of wrapped functions */
+enum { W_HANDLE = 0, W_CREATE, W_CLOSE, W_REQ, W_WORK };
+
+/* One per wrapped luv function, anchored in LV_SPECS for the life of the
+** state (records point to it).  User values: the op name (the luv
+** function's name), the resource type (nil: the handle's type). */
+typedef struct ah_spec {
+  struct ah_luv *lv;  /* the state's (a spec belongs to one state) */
+  lua_CFunction orig;
+  int kind;
+  int pos, alt; /* callback position; alternative when pos is nil/absent */
+  int slot;     /* callback slot of handle registrations (1-based) */
+  int fn;       /* luv accepts only a function there: a record closure */
+  int nf, f[2]; /* named arguments copied into the resource: positions */
+} ah_spec;
+/* user values: op name, resource type (or nil), names of the named args */
+enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2, SP_NUV = SP_F2 };
+
+/* A registration.  User values: the callback, the frame, the resource
+** table (REC_RES set) or else the handle (or nil), then (specs with named
+** arguments, resource not made) the values of those arguments. */
+typedef struct ah_rec {
+  const struct ah_luv *lv; /* marks a record of this state */
+  lua_Integer id, trigger;
+  const ah_spec *spec;
+  const void *frame; /* identity of the frame user value */
+  unsigned char flags;
+} ah_rec;
+enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
+enum {
+  REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */
+  REC_RES = 2,     /* RV_RES holds the resource (else the handle) */
+  REC_DESTROY = 4  /* destroy hooks saw its init: its destroy is due */
+};
+
+/* upvalue of a record closure (rec_fn), after the shared ones */
+#define RF_REC lua_upvalueindex(AH_NUP + 1)
+
+/* luv_dispatch.c */
+int ah_luv_rec_fn(lua_State *L);
+int ah_luv_rec_call(lua_State *L);
+int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
+int ah_luv_run(lua_State *L);
+ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);
+void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
+void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
+void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
+void ah_luv_closures(lua_State *L, int lvi);
+
+#endif

@@ -1,0 +1,562 @@
+/*
+** luv_dispatch.c - every luv callback runs in its own context.
+**
+** luv calls every Lua callback through ctx->cb_pcall; the library's
+** replacement (ah_luv_cb_pcall) runs each one in its context: a record's
+** (see luv.c), or the root context (asyncId 0, empty frame) for a callback
+** nobody tracked, and restores the caller's context afterwards, also when
+** the callback raised (luv's own handler has printed the error, with its
+** traceback, by then).  Three paths:
+**  - root: a plain callback arriving while the thread's context is empty
+**    (uv.run at top level): only the ids are switched, no Lua call;
+**  - inline (the main thread, where luv runs callbacks): the record's frame
+**    and resource are switched in C, luv calls the user's function itself
+**    (no extra frame in tracebacks) and nothing allocates once the context
+**    is switched; hook events go through one protected call each;
+**  - slow: anything else (other threads, a resource made lazily), through
+**    protected enter/leave closures that do their allocations first.
+** A record's __call does the same when luv calls it without our cb_pcall in
+** front (after uninstall()).
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "luv.h"
+
+/* ------------------------------------------------------------------- */
+/* native stack of entered records                                      */
+
+static int cb_push(ah_state *st, lua_Integer id) {
+  if (st->cb_n == st->cb_cap) {
+    size_t ncap = st->cb_cap * 2;
+    lua_Integer *n;
+    if (st->cb == st->cb_inline) {
+      n = malloc(ncap * sizeof *n);
+      if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
+    } else {
+      n = realloc(st->cb, ncap * sizeof *n);
+    }
+    if (!n) return 0;
+    st->cb = n;
+    st->cb_cap = ncap;
+  }
+  st->cb[st->cb_n++] = id;
+  return 1;
+}
+
+static void cb_pop(ah_state *st) {
+  st->cb_n--;
+  if (st->cb != st->cb_inline && st->cb_n <= AH_CB_INLINE / 2) {
+    memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
+    free(st->cb);
+    st->cb = st->cb_inline;
+    st->cb_cap = AH_CB_INLINE;
+  }
+}
+
+/* `after` for every record entered above depth (an error unwound them) */
+static void cb_unwind(lua_State *L, ah_state *st, size_t depth) {
+  while (st->cb_n > depth) {
+    ah_emit_id(L, st, AH_AFTER, st->cb[st->cb_n - 1]);
+    cb_pop(st);
+    st->active--;
+  }
+}
+
+/* ------------------------------------------------------------------- */
+/* records                                                               */
+
+/* The record as a function, for the luv functions that accept nothing
+** else (new_async, new_work): a closure with the record as last upvalue. */
+int ah_luv_rec_fn(lua_State *L) {
+  lua_pushvalue(L, RF_REC);
+  lua_insert(L, 1);
+  return ah_luv_rec_call(L);
+}
+
+/* the record at idx, or NULL (a userdata of a record's size whose first
+** field is this state's ah_luv); a record closure at idx is replaced by its
+** record */
+ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r;
+  if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
+    if (!lv->closures || lua_tocfunction(L, idx) != ah_luv_rec_fn) return NULL;
+    if (idx < 0) idx = lua_absindex(L, idx);
+    lua_getupvalue(L, idx, AH_NUP + 1);
+    lua_replace(L, idx);
+  }
+  r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
+  return r && r->lv == lv ? r : NULL;
+}
+
+/* push a new resource table for the record being made: {handle = h} */
+void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
+                         int a2) {
+  int i, v[2];
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, spec);
+  spec = lua_absindex(L, spec);
+  handle_idx = handle_idx ? lua_absindex(L, handle_idx) : 0;
+  v[0] = a1 ? lua_absindex(L, a1) : 0;
+  v[1] = a2 ? lua_absindex(L, a2) : 0;
+  lua_createtable(L, 0, 2 + sp->nf);
+  lua_getiuservalue(L, spec, SP_OP);
+  lua_setfield(L, -2, "op");
+  if (handle_idx && !lua_isnil(L, handle_idx)) {
+    lua_pushvalue(L, handle_idx);
+    lua_setfield(L, -2, "handle");
+  }
+  for (i = 0; i < sp->nf; i++) {
+    if (!v[i] || lua_isnil(L, v[i])) continue;
+    lua_getiuservalue(L, spec, SP_F1 + i);
+    lua_pushvalue(L, v[i]);
+    lua_rawset(L, -3);
+  }
+}
+
+/* push the spec of the record r (anchored in the state's LV_SPECS) */
+static void push_spec(lua_State *L, const ah_rec *r) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lua_getiuservalue(L, -1, LV_SPECS);
+  lua_rawgetp(L, -1, r->spec);
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+}
+
+/* the record at idx gets its resource now (executionAsyncResource() was
+** called after it was registered): op, handle and the named arguments kept
+** in the record; allocates */
+void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
+  int top = lua_gettop(L), nf = r->spec->nf;
+  idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 8, "async_hooks");
+  push_spec(L, r);                   /* top+1 */
+  lua_getiuservalue(L, idx, RV_RES); /* top+2: the handle, or nil */
+  lua_getiuservalue(L, idx, RV_A1);  /* top+3 */
+  lua_getiuservalue(L, idx, RV_A1 + 1);
+  ah_luv_new_resource(L, top + 1, top + 2, nf > 0 ? top + 3 : 0, nf > 1 ? top + 4 : 0);
+  lua_setiuservalue(L, idx, RV_RES);
+  r->flags |= REC_RES;
+  lua_settop(L, top);
+}
+
+/* push the record lv->cur (no reference to it is at hand: luv holds it in
+** the registry, so look there); 0 if not found.  Runs at most once per
+** record (the resource is then the thread's) and only until
+** executionAsyncResource() was first called (then records get theirs at
+** entry). */
+static int push_cur(lua_State *L, ah_luv *lv) {
+  lua_Integer i, n = (lua_Integer)lua_rawlen(L, LUA_REGISTRYINDEX);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, i);
+    if (ah_luv_record(L, lv, -1) == lv->cur) return 1;
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+/* For stack.c (executionAsyncResource): while a record's callback runs
+** without a resource, R[s] holds the record itself (not anchored: it is on
+** the stack meanwhile).  The value at the top is R[s]: replace it by the
+** resource, made now, and return 1 when it is the record of the callback
+** running in slot s; else by false and return 0. */
+int ah_luv_resource(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L);
+  ah_rec *r = NULL;
+  ah_luv *lv = NULL;
+  luaL_checkstack(L, 6, "async_hooks");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
+    lv = (ah_luv *)lua_touserdata(L, -1);
+    r = ah_luv_record(L, lv, top);
+  }
+  lua_settop(L, top);
+  if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+      push_cur(L, lv)) { /* the record that runs inline */
+    lua_replace(L, top);
+    r = lv->cur;
+  }
+  if (!r) {
+    lua_pushboolean(L, 0);
+    lua_replace(L, top);
+    return 0;
+  }
+  if (r->id != st->slots[s].id && !(r->flags & REC_RES)) {
+    /* re-armed while its callback runs: the record is the new
+    ** registration's; the running one gets a table of its own */
+    push_spec(L, r);
+    lua_getiuservalue(L, top, RV_RES);
+    ah_luv_new_resource(L, top + 1, top + 2, 0, 0);
+    lua_replace(L, top);
+    lua_settop(L, top);
+    return 1;
+  }
+  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, top);
+  lua_getiuservalue(L, top, RV_RES);
+  lua_replace(L, top);
+  return 1;
+}
+
+/* push the record's resource, or nil */
+void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
+  if (r->flags & REC_RES)
+    lua_getiuservalue(L, idx, RV_RES);
+  else
+    lua_pushnil(L);
+}
+
+/* ------------------------------------------------------------------- */
+/* the record's __call (luv calls it without our cb_pcall in front)      */
+
+/* enter the record's context, call its callback with luv's arguments,
+** restore; called protected so that the context is restored on error */
+int ah_luv_rec_call(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_rec *r = (ah_rec *)lua_touserdata(L, 1);
+  int n = lua_gettop(L), s = ah_slot_of(L, st), i, status;
+  lua_Integer id = r->id, pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  int oneshot = r->flags & REC_ONESHOT;
+  luaL_checkstack(L, n + 24, "async_hooks");
+  if (!(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
+  ah_reserve(L, s);
+  lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
+  lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
+  ah_luv_push_resource(L, r, 1); /* n+3 */
+  lua_getiuservalue(L, 1, RV_FRAME); /* n+4 */
+  if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+  st->slots[s].id = id;
+  st->slots[s].trigger = r->trigger;
+  ah_set_resource(L, s, n + 3);
+  if (!(r->flags & REC_RES)) { /* made if asked for: ah_luv_resource */
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, AH_UV_R, s);
+  }
+  ah_set_frame(L, s, n + 4);
+  st->active++;
+  ah_emit_id(L, st, AH_BEFORE, id);
+  lua_getiuservalue(L, 1, RV_CB);
+  for (i = 2; i <= n; i++) lua_pushvalue(L, i);
+  status = lua_pcall(L, n - 1, 0, 0);
+  cb_unwind(L, st, st->cb_n - 1);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  ah_set_resource(L, s, n + 1);
+  ah_set_frame(L, s, n + 2);
+  if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
+  if (status != LUA_OK) return lua_error(L); /* the error object is on top */
+  return 0;
+}
+
+/* ------------------------------------------------------------------- */
+/* the cb_pcall replacement                                              */
+
+/* The loop runs inside the library's wrapper of uv.run (see luv.c), a core
+** closure: this C code can use the core's own functions.  Switches the
+** callback's context, lets luv call the user's function itself, restores.
+** The caller checked that nothing below allocates (stack reserved, the
+** thread's anchor keys exist, r's entry in st->cb pushed).  Stack: [X
+** args], while the callback runs [X prev_res prev_frame res fn args].  A
+** record's resource is not anchored as the thread's: R[s] holds it (alive
+** on the stack), and a record that has none yet is found through lv->cur
+** if executionAsyncResource() asks (ah_luv_resource), which happens once:
+** records get theirs at entry from then on. */
+enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
+static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                        ah_rec *r, int base, int nargs, int nresults, int flags) {
+  int ret;
+  int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
+  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  lua_Integer id = r ? r->id : 0;
+  size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
+  int oneshot = r && (r->flags & REC_ONESHOT);
+  ah_rec *pcur = lv->cur;
+  lua_Integer pcur_id = lv->cur_id;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote;
+  if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
+    lua_rawgeti(L, AH_UV_R, s);
+  else
+    lua_pushboolean(L, 0);
+  lua_rawgeti(L, AH_UV_F, s);
+  if (r && (r->flags & REC_RES)) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
+  if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
+  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
+  /* switch (hook errors end the process) */
+  st->slots[s].id = id;
+  st->slots[s].trigger = r ? r->trigger : 0;
+  if (r) {
+    if (r->frame != lua_topointer(L, pframe)) {
+      lua_getiuservalue(L, base, RV_FRAME);
+      ah_set_frame(L, s, -1);
+      lua_pop(L, 1);
+    }
+    if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
+    lv->cur = r;
+    lv->cur_id = id;
+    lv->cur_slot = s;
+    lv->cur_wrote = 0;
+    if (r->flags & REC_RES) { /* R[s] holds it (no registry search) */
+      lua_pushvalue(L, base + D_RES);
+      lua_rawseti(L, AH_UV_R, s);
+      lv->cur_wrote = 1;
+    }
+    st->active += 2; /* the callback, and its entry in st->cb */
+    if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
+  } else {
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    lua_pushboolean(L, 0);
+    if (had & A_FRAME) ah_set_frame(L, s, -2);
+    if (had & A_RES) ah_set_resource(L, s, -1);
+    lua_pop(L, 2);
+    st->active++;
+  }
+  ret = lv->orig(L, nargs, nresults, flags);
+  /* leave: after (also for the records an error unwound), restore */
+  if (st->cb_n != depth + (r != NULL)) {
+    cb_unwind(L, st, depth);
+  } else if (r) {
+    if (st->nhooks[AH_AFTER]) ah_emit_id(L, st, AH_AFTER, id);
+    cb_pop(st);
+    st->active--;
+  }
+  if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  if ((had | st->slots[s].anchored) & A_RES) {
+    ah_set_resource(L, s, pres);
+  } else if (r && lv->cur_wrote) {
+    lua_pushvalue(L, pres);
+    lua_rawseti(L, AH_UV_R, s);
+  }
+  lv->cur = pcur;
+  lv->cur_id = pcur_id;
+  lv->cur_slot = pcur_slot;
+  lv->cur_wrote = pcur_wrote;
+  lua_rawgeti(L, AH_UV_F, s);
+  if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
+  lua_pop(L, 1);
+  st->active--;
+  ah_flush_maybe(L, st);
+  if (nresults == 0) {
+    lua_settop(L, base - 1);
+  } else { /* [X pres pframe res results] -> [results] */
+    lua_rotate(L, base, -(D_NSAVED + 1));
+    lua_pop(L, D_NSAVED + 1);
+  }
+  return ret;
+}
+
+/* The slow path's enter(X): save the current thread's context and enter
+** the callback's: the record's (its before is emitted here), or else the
+** root context.  Returns previous resource, frame, id, trigger, depth of
+** st->cb, and the function luv must call.  Everything that can fail comes
+** first: nothing has changed if it does. */
+#define E_LV lua_upvalueindex(AH_NUP + 1)
+static int luv_enter(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_rec *r = ah_luv_record(L, lv, 1);
+  int s = ah_slot_of(L, st);
+  luaL_checkstack(L, 24, "async_hooks");
+  lua_settop(L, 1);
+  ah_reserve(L, s);
+  if (r && !(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
+  lua_rawgeti(L, AH_UV_R, s);
+  lua_rawgeti(L, AH_UV_F, s);
+  lua_pushinteger(L, st->slots[s].id);
+  lua_pushinteger(L, st->slots[s].trigger);
+  lua_pushinteger(L, (lua_Integer)st->cb_n);
+  if (r) {
+    ah_luv_push_resource(L, r, 1);        /* 7 */
+    lua_getiuservalue(L, 1, RV_FRAME); /* 8 */
+    lua_getiuservalue(L, 1, RV_CB);    /* 9 */
+    if (!cb_push(st, r->id)) return luaL_error(L, "not enough memory");
+    /* switch (hook errors end the process) */
+    st->active += 2;
+    st->slots[s].id = r->id;
+    st->slots[s].trigger = r->trigger;
+    ah_set_resource(L, s, 7);
+    if (!(r->flags & REC_RES)) { /* made if asked for: ah_luv_resource */
+      lua_pushvalue(L, 1);
+      lua_rawseti(L, AH_UV_R, s);
+    }
+    ah_set_frame(L, s, 8);
+    lua_replace(L, 7);
+    lua_settop(L, 7);
+    ah_emit_id(L, st, AH_BEFORE, r->id);
+  } else {
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 0);
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    st->active++;
+    st->slots[s].id = 0;
+    st->slots[s].trigger = 0;
+    ah_set_resource(L, s, -2);
+    ah_set_frame(L, s, -1);
+    lua_pop(L, 2);
+  }
+  return 6;
+}
+
+/* leave(res, frame, id, trigger, depth, X): `after` for the callback's
+** record and any that an error unwound, its destroy when one-shot,
+** restore, flush.  Allocates nothing (hook errors end the process). */
+static int luv_leave(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_rec *r = ah_luv_record(L, lv, 6);
+  int s;
+  cb_unwind(L, st, (size_t)lua_tointeger(L, 5));
+  if (r && (r->flags & REC_ONESHOT) && st->nhooks[AH_DESTROY])
+    ah_queue_destroy(st, r->id);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = lua_tointeger(L, 3);
+  st->slots[s].trigger = lua_tointeger(L, 4);
+  ah_set_resource(L, s, 1);
+  if (lua_isnil(L, 2)) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    lua_replace(L, 2);
+  }
+  ah_set_frame(L, s, 2);
+  st->active--;
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+static int luv_flush(lua_State *L) {
+  ah_state *st = ah_st(L);
+  ah_flush_maybe(L, st);
+  return 0;
+}
+
+#define NSAVED 7 /* lv res frame id trigger depth X */
+
+/* Anything the inline path does not do: through the enter/leave closures,
+** called protected.  Stack: [X args lv]. */
+static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
+                         int flags) {
+  int base = lua_gettop(L) - nargs - 1, ret, top;
+  if (!lua_checkstack(L, 12)) { /* no memory: run it bare */
+    lua_pop(L, 1);
+    return lv->orig(L, nargs, nresults, flags);
+  }
+  lua_getiuservalue(L, -1, LV_ENTER);
+  lua_pushvalue(L, base);
+  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory, nothing entered */
+    lua_settop(L, base + nargs);         /* luv calls the record, */
+    return lv->orig(L, nargs, nresults, flags); /* whose __call copes */
+  }
+  /* [X args lv res frame id trig depth fn] -> [fn args lv ... depth X] */
+  lua_pushvalue(L, base);
+  lua_copy(L, -2, base);
+  lua_remove(L, -2);
+  lua_rotate(L, base, NSAVED); /* [lv res frame id trig depth X fn args] */
+  ret = lv->orig(L, nargs, nresults, flags);
+  top = lua_gettop(L);
+  lua_getiuservalue(L, base, LV_LEAVE);
+  for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
+  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
+  lua_settop(L, top - NSAVED);
+  return ret;
+}
+
+/* The common untracked case: a plain callback arriving while the thread's
+** context is empty (uv.run at top level).  Only the ids are switched. */
+static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                         int nargs, int nresults, int flags) {
+  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
+  size_t depth = st->cb_n;
+  int ret;
+  (void)lv;
+  st->slots[s].id = st->slots[s].trigger = 0;
+  st->active++;
+  ret = lv->orig(L, nargs, nresults, flags);
+  if (!(st->slots[s].anchored & (A_FRAME | A_RES)) && st->cb_n == depth &&
+      !(st->dq_n && st->active == 1 && !st->dispatching)) {
+    st->fast_callbacks++;
+    st->slots[s].id = pid;
+    st->slots[s].trigger = ptrig;
+    st->active--;
+    return ret;
+  }
+  /* the callback set a value, or an error unwound records, or destroys
+  ** are due: the full leave() */
+  if (!lua_checkstack(L, 10)) { /* no memory: restore what C can */
+    while (st->cb_n > depth) { cb_pop(st); st->active--; }
+    st->slots[s].id = pid;
+    st->slots[s].trigger = ptrig;
+    st->active--;
+    return ret;
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lua_getiuservalue(L, -1, LV_LEAVE);
+  lua_remove(L, -2);
+  lua_pushnil(L);
+  lua_pushnil(L); /* the empty frame */
+  lua_pushinteger(L, pid);
+  lua_pushinteger(L, ptrig);
+  lua_pushinteger(L, (lua_Integer)depth);
+  lua_pushnil(L);
+  if (lua_pcall(L, 6, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  return ret;
+}
+
+/* Every luv callback comes through here (see the top of the file). */
+#define RUN_LV lua_upvalueindex(AH_NUP + 1)
+#define RUN_MARK lua_upvalueindex(AH_NUP + 2)
+int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  ah_luv *lv;
+  ah_state *st;
+  ah_rec *r;
+  uintptr_t s;
+  int base = lua_gettop(L) - nargs, known, in_run;
+  in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
+  if (in_run) { /* inside the library's uv.run: its upvalues are ours */
+    lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  } else {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+    lv = (ah_luv *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+  }
+  st = lv->st;
+  flags |= lv->flags;
+  /* the slot from the extra space (safe to read even when the host owns
+  ** it: a value passes only if slot s names this very thread); when the
+  ** host owns it, the slow path finds the slot */
+  s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
+  known = s < (uintptr_t)st->cap && st->slots[s].L == L;
+  r = ah_luv_record(L, lv, base);
+  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
+    return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
+  if (in_run && known && lua_checkstack(L, 32) &&
+      (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
+      !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
+    return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+  if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  return dispatch_slow(L, lv, nargs, nresults, flags);
+}
+
+/* the library's uv.run: luv's, called in this frame, so that callbacks
+** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones) */
+int ah_luv_run(lua_State *L) {
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  return lv->run(L);
+}
+
+/* the protected closures of the ah_luv at lvi (made with the shared
+** upvalues of the calling core function) */
+static void push_closure(lua_State *L, lua_CFunction f, int lvi) {
+  ah_push_shared(L);
+  if (lvi) lua_pushvalue(L, lvi);
+  lua_pushcclosure(L, f, AH_NUP + (lvi != 0));
+}
+
+void ah_luv_closures(lua_State *L, int lvi) {
+  push_closure(L, luv_enter, lvi);
+  lua_setiuservalue(L, lvi, LV_ENTER);
+  push_closure(L, luv_leave, lvi);
+  lua_setiuservalue(L, lvi, LV_LEAVE);
+  push_closure(L, luv_flush, 0);
+  lua_setiuservalue(L, lvi, LV_FLUSH);
+}
