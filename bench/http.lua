@@ -21,13 +21,7 @@ local TIMER_MS = 0
 
 local function have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") end
 
-local function read_file(path)
-  local f = io.open(path)
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = U.read_file
 
 local function start(c, pin)
   c.out = os.tmpname()

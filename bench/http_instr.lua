@@ -14,13 +14,7 @@ local M = {}
 local SHORT = tonumber(os.getenv("BENCH_HTTPI_SHORT")) or 1
 local LONG = tonumber(os.getenv("BENCH_HTTPI_LONG")) or 4
 
-local function read_file(path)
-  local f = io.open(path)
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = U.read_file
 
 --- one callgrind run: instructions and requests served
 local function run(ctx, seconds)

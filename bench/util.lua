@@ -52,12 +52,18 @@ function U.line(name, secs, n, base, target)
   return r
 end
 
-function U.rss_kb()
-  local f = io.open("/proc/self/status")
-  if not f then return 0 end
+--- The whole content of a file, or "" when it cannot be read.
+function U.read_file(path)
+  local f = io.open(path)
+  if not f then return "" end
   local s = f:read("a")
   f:close()
-  return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
+  return s
+end
+
+--- Resident set size of this process, in KiB (0 where /proc is missing).
+function U.rss_kb()
+  return tonumber(U.read_file("/proc/self/status"):match("VmRSS:%s*(%d+)")) or 0
 end
 
 return U

@@ -5,7 +5,7 @@
 -- path; a mismatch answers "MISMATCH".  On SIGTERM it prints its statistics.
 -- Run by spec/10-soak_spec.lua (with spec/support/soak_wrk.lua as wrk's
 -- script) from the repository's root.
-package.path = "examples/?.lua;" .. package.path
+package.path = "examples/?.lua;bench/?.lua;" .. package.path
 local uv = require("luv")
 local ah = require("async_hooks").install()
 local app = require("app")
@@ -20,13 +20,7 @@ ah.createHook {
 }:enable()
 
 local fd = app.data_fd(256, "y")
-local function rss()
-  local f = io.open("/proc/self/status")
-  if not f then return 0 end
-  local s = f:read("a")
-  f:close()
-  return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
-end
+local rss = require("util").rss_kb
 
 local served, mismatches, rss_warm = 0, 0, nil
 local server, port = app.http_server(function(req, respond)
