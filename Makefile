@@ -84,6 +84,7 @@ bench: build
 # does not understand the LuaLS annotation lines (---@...): it reads a copy
 # without them.
 docs:
+	@EXTRA_PKGS="lua-ldoc" ./.ci/deps
 	rm -rf build/docs build/docs-src
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
@@ -97,6 +98,7 @@ callgraph:
 
 # luacheck (Debian's lua-check) with .luacheckrc
 lint:
+	@EXTRA_PKGS="lua-check" ./.ci/deps
 	luacheck lua spec bench examples
 
 # the instruction rows only (callgrind, about a minute)
