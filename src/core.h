@@ -102,6 +102,8 @@ typedef struct ah_state {
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
+  const void *lastf;         /* the frame push_frame_with made last ... */
+  int lastn;                 /* ... and its number of entries (frames.c) */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
   lua_Integer *cb;           /* native stack of entered luv trampolines */

@@ -82,10 +82,21 @@ static int l_get(lua_State *L) {
 }
 
 /* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
-** frame, or F[s] again when it already maps tok to that very value */
+** frame, or F[s] again when it already maps tok to that very value.
+** The size of the frame made last is remembered (st->lastf, st->lastn), so
+** the usual set() on the frame the previous set() made skips counting its
+** entries.  That is exact: every frame is made here (the frame metatable is
+** protected by __metatable, so Lua code cannot make one), frames are never
+** written after they are made, and a frame's address can be that of the
+** frame made last only if it is that frame, alive (a frame made later at a
+** reused address would itself be the one made last).  Entries that the
+** collector removed (a token dropped by disable()) only make n an upper
+** bound: n sizes the new table and decides whether to copy, and the copy
+** walks the entries that are there. */
 static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                             int val) {
   int fr, nf, n = 0, had;
+  const void *p;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
@@ -100,7 +111,10 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
     return;
   }
   lua_pop(L, 1);
-  if (lua_topointer(L, fr) != st->empty) {
+  p = lua_topointer(L, fr);
+  if (p == st->lastf) /* the frame made last: its size is known */
+    n = st->lastn;
+  else if (p != st->empty) {
     lua_pushnil(L);
     while (lua_next(L, fr)) {
       n++;
@@ -109,6 +123,8 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   }
   lua_createtable(L, 0, n + !had);
   nf = fr + 1;
+  st->lastf = lua_topointer(L, nf);
+  st->lastn = n + !had;
   if (n > had) { /* copy the other entries */
     lua_pushnil(L);
     while (lua_next(L, fr)) {
@@ -295,11 +311,13 @@ static const luaL_Reg frame_funcs[] = {
 /* module table on top: the frame metatable, the empty frame, the frame
 ** functions */
 void ah_open_frames(lua_State *L) {
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, 4);
   lua_pushliteral(L, "k");
   lua_setfield(L, -2, "__mode");
   lua_pushliteral(L, "async_hooks.frame");
   lua_setfield(L, -2, "__name");
+  lua_pushliteral(L, "async_hooks.frame");
+  lua_setfield(L, -2, "__metatable");
   ah_push_shared(L);
   lua_pushcclosure(L, frame_close, AH_NUP);
   lua_setfield(L, -2, "__close");
