@@ -175,7 +175,7 @@ void ah_drop_stale(lua_State *L, ah_state *st, int s);
 void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
-void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx);
+void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);

@@ -82,7 +82,8 @@ static int l_get(lua_State *L) {
 }
 
 /* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
-** frame, or F[s] again when it already maps tok to that very value.
+** frame (returns 1), or F[s] again when it already maps tok to that very
+** value (returns 0).
 ** The size of the frame made last is remembered (st->lastf, st->lastn), so
 ** the usual set() on the frame the previous set() made skips counting its
 ** entries.  That is exact: every frame is made here (the frame metatable is
@@ -93,8 +94,8 @@ static int l_get(lua_State *L) {
 ** collector removed (a token dropped by disable()) only make n an upper
 ** bound: n sizes the new table and decides whether to copy, and the copy
 ** walks the entries that are there. */
-static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
-                            int val) {
+static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
+                           int val) {
   int fr, nf, n = 0, had;
   const void *p;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
@@ -108,7 +109,7 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                                 : lua_rawequal(L, -1, val))) {
     lua_pushvalue(L, fr);
     lua_replace(L, -2);
-    return;
+    return 0;
   }
   lua_pop(L, 1);
   p = lua_topointer(L, fr);
@@ -141,17 +142,18 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   lua_rawset(L, nf);
   lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
   lua_setmetatable(L, nf);
+  return 1;
 }
 
 /* v:set(value) */
 static int l_set(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
-  lua_settop(L, 2);
+  if (lua_gettop(L) != 2) lua_settop(L, 2);
   push_token(L, 1); /* 3 */
   s = ah_slot_of(L, st);
-  push_frame_with(L, st, s, 3, 2); /* 4: previous, 5: new */
-  ah_set_frame_st(L, st, s, 5);
+  if (push_frame_with(L, st, s, 3, 2)) /* 4: previous, 5: new */
+    ah_set_frame_full(L, st, s, 5);
   return 0;
 }
 
@@ -198,8 +200,8 @@ static int l_enter_frame(lua_State *L) {
   if (!ah_callable(L, 3))
     return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
-  push_frame_with(L, st, s, 4, 2); /* 5: previous, 6: new */
-  ah_set_frame_st(L, st, s, 6);
+  if (push_frame_with(L, st, s, 4, 2)) /* 5: previous, 6: new */
+    ah_set_frame_full(L, st, s, 6);
   lua_settop(L, 5);
   return 1;
 }
