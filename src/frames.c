@@ -124,8 +124,6 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   }
   lua_createtable(L, 0, n + !had);
   nf = fr + 1;
-  st->lastf = lua_topointer(L, nf);
-  st->lastn = n + !had;
   if (n > had) { /* copy the other entries */
     lua_pushnil(L);
     while (lua_next(L, fr)) {
@@ -142,6 +140,8 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   lua_rawset(L, nf);
   lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
   lua_setmetatable(L, nf);
+  st->lastf = lua_topointer(L, nf); /* complete: remember it */
+  st->lastn = n + !had;
   return 1;
 }
 
