@@ -102,6 +102,8 @@ typedef struct ah_state {
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
+  const void *lastf;         /* the frame push_frame_with made last ... */
+  int lastn;                 /* ... and its number of entries (frames.c) */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
   lua_Integer *cb;           /* native stack of entered luv trampolines */
@@ -173,7 +175,7 @@ void ah_drop_stale(lua_State *L, ah_state *st, int s);
 void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
-void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx);
+void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);

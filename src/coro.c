@@ -47,7 +47,7 @@ static int co_create(lua_State *L) {
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
-    framed = lua_topointer(L, top + 1) != st->empty;
+    framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
     if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
     ns = ah_take_slot(L, st, NL, trigger);
     if (ah_likely(st->extra))

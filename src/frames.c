@@ -82,10 +82,22 @@ static int l_get(lua_State *L) {
 }
 
 /* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
-** frame, or F[s] again when it already maps tok to that very value */
-static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
-                            int val) {
+** frame (returns 1), or F[s] again when it already maps tok to that very
+** value (returns 0).
+** The size of the frame made last is remembered (st->lastf, st->lastn), so
+** the usual set() on the frame the previous set() made skips counting its
+** entries.  That is exact: every frame is made here (the frame metatable is
+** protected by __metatable, so Lua code cannot make one), frames are never
+** written after they are made, and a frame's address can be that of the
+** frame made last only if it is that frame, alive (a frame made later at a
+** reused address would itself be the one made last).  Entries that the
+** collector removed (a token dropped by disable()) only make n an upper
+** bound: n sizes the new table and decides whether to copy, and the copy
+** walks the entries that are there. */
+static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
+                           int val) {
   int fr, nf, n = 0, had;
+  const void *p;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
@@ -97,10 +109,13 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                                 : lua_rawequal(L, -1, val))) {
     lua_pushvalue(L, fr);
     lua_replace(L, -2);
-    return;
+    return 0;
   }
   lua_pop(L, 1);
-  if (lua_topointer(L, fr) != st->empty) {
+  p = lua_topointer(L, fr);
+  if (p == st->lastf) /* the frame made last: its size is known */
+    n = st->lastn;
+  else if (p != st->empty) {
     lua_pushnil(L);
     while (lua_next(L, fr)) {
       n++;
@@ -125,17 +140,20 @@ static void push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   lua_rawset(L, nf);
   lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
   lua_setmetatable(L, nf);
+  st->lastf = lua_topointer(L, nf); /* complete: remember it */
+  st->lastn = n + !had;
+  return 1;
 }
 
 /* v:set(value) */
 static int l_set(lua_State *L) {
   ah_state *st = ah_st(L);
   int s;
-  lua_settop(L, 2);
+  if (lua_gettop(L) != 2) lua_settop(L, 2);
   push_token(L, 1); /* 3 */
   s = ah_slot_of(L, st);
-  push_frame_with(L, st, s, 3, 2); /* 4: previous, 5: new */
-  ah_set_frame_st(L, st, s, 5);
+  if (push_frame_with(L, st, s, 3, 2)) /* 4: previous, 5: new */
+    ah_set_frame_full(L, st, s, 5);
   return 0;
 }
 
@@ -182,8 +200,8 @@ static int l_enter_frame(lua_State *L) {
   if (!ah_callable(L, 3))
     return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
-  push_frame_with(L, st, s, 4, 2); /* 5: previous, 6: new */
-  ah_set_frame_st(L, st, s, 6);
+  if (push_frame_with(L, st, s, 4, 2)) /* 5: previous, 6: new */
+    ah_set_frame_full(L, st, s, 6);
   lua_settop(L, 5);
   return 1;
 }
@@ -295,11 +313,13 @@ static const luaL_Reg frame_funcs[] = {
 /* module table on top: the frame metatable, the empty frame, the frame
 ** functions */
 void ah_open_frames(lua_State *L) {
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, 4);
   lua_pushliteral(L, "k");
   lua_setfield(L, -2, "__mode");
   lua_pushliteral(L, "async_hooks.frame");
   lua_setfield(L, -2, "__name");
+  lua_pushliteral(L, "async_hooks.frame");
+  lua_setfield(L, -2, "__metatable");
   ah_push_shared(L);
   lua_pushcclosure(L, frame_close, AH_NUP);
   lua_setfield(L, -2, "__close");

@@ -239,9 +239,14 @@ void ah_set_frame(lua_State *L, int s, int idx) {
   set_frame_of(L, ah_st(L), s, 0, idx);
 }
 
-/* the same, for callers that hold st already */
-void ah_set_frame_st(lua_State *L, ah_state *st, int s, int idx) {
-  set_frame_of(L, st, s, 0, idx);
+/* the same for a frame at idx (absolute) that is not the empty one, for
+** callers that hold st already: anchor it (first: can fail), then F[s] */
+void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
+  eph_set(L, st, AH_UV_T, 0, idx);
+  if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
+  st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, AH_UV_F, s);
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
