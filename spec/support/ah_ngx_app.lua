@@ -255,6 +255,21 @@ function A.timer_after_error()
   say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
 end
 
+--- the request's record is its ngx.ctx: the user's own keys (even named
+--- like the record's fields) neither disturb it nor get touched, also when
+--- ngx.ctx has an __index metatable
+function A.ctx_keys()
+  local ctx = ngx.ctx
+  ctx.frame, ctx.id, ctx.trigger, ctx.res, ctx.n, ctx.co = "f", "i", "t", "r", "n", "c"
+  setmetatable(ctx, { __index = function(_, k) return "idx-" .. tostring(k) end })
+  rid:set("v")
+  local id, trig, res = ah.executionAsyncId(), ah.triggerAsyncId(), ah.executionAsyncResource()
+  local th = ngx.thread.spawn(function() ngx.sleep(0.001); return rid:get(), ah.triggerAsyncId() == id end)
+  local _, tv, tt = ngx.thread.wait(th)
+  local user = concat({ ctx.frame, ctx.id, ctx.trigger, ctx.res, ctx.n, ctx.co, ctx.other }, ",")
+  say { rid:get(), type(id), s(trig), type(res), s(res == ah.executionAsyncResource()), s(tv), s(tt), user }
+end
+
 --- the library reuses the record of a timer callback that returned: each
 --- run still starts in its own captured frame with its own id and resource,
 --- and a light thread left running by an earlier callback (whose record is
