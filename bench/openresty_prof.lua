@@ -21,7 +21,7 @@ local MODE, CONFIG = arg[1], arg[2] or "lib"
 local OUT = "/tmp/ah-prof"
 os.execute("mkdir -p " .. OUT)
 
-local PATHS = { base = "/hand", unused = "/hand", lib = "/lib" }
+local PATHS = { base = "/hand", unused = "/hand", lib = "/lib", floor_ctx = "/floor_ctx", floor_ctx_tab = "/floor_ctx_tab" }
 local path = PATHS[CONFIG] or CONFIG
 local install = CONFIG ~= "base"
 local name = CONFIG:gsub("[^%w]", "_")
