@@ -2,7 +2,10 @@
 -- hand, on a real nginx (lua-nginx-module, LuaJIT).  Run with Lua 5.4 from
 -- the repository root (`make openresty-bench`):
 --
---   lua5.4 bench/openresty.lua [rounds] [seconds] [callgrind requests] [callgrind repetitions]
+--   lua5.4 bench/openresty.lua [rounds] [seconds] [callgrind requests] [callgrind repetitions] [configs]
+--
+-- (configs: a comma-separated subset of base,unused,lib for the callgrind
+-- part, all three by default)
 --
 -- Handler (bench/openresty_app.lua): ngx.sleep(0), a timer hand-off, two log
 -- lines reading the id.  Three configurations:
@@ -26,10 +29,14 @@ local ROUNDS = tonumber(arg[1]) or 5
 local SECS = tonumber(arg[2]) or 3
 local CG_N = tonumber(arg[3]) or 200
 local CG_REPS = tonumber(arg[4]) or 3 -- JIT trace formation varies from run to run
+local CG_ONLY = arg[5] and {} or nil
+if arg[5] then for c in arg[5]:gmatch("[^,]+") do CG_ONLY[c] = true end end
 
 local SERVER = [[
     location /hand { content_by_lua_block { require("openresty_app").hand() } }
     location /lib { content_by_lua_block { require("openresty_app").lib() } }
+    location /floor_ctx { content_by_lua_block { require("openresty_app").floor_ctx() } }
+    location /floor_ctx_tab { content_by_lua_block { require("openresty_app").floor_ctx_tab() } }
 ]]
 local function http(install)
   return ([[
@@ -41,6 +48,9 @@ local CONFIGS = {
   { name = "base", install = false, path = "/hand" },
   { name = "unused", install = true, path = "/hand" },
   { name = "lib", install = true, path = "/lib" },
+  -- floors, callgrind only and only when asked for (configs argument)
+  { name = "floor_ctx", install = true, path = "/floor_ctx", extra = true },
+  { name = "floor_ctx_tab", install = true, path = "/floor_ctx_tab", extra = true },
 }
 
 local function median(t)
@@ -89,6 +99,7 @@ local function throughput()
   local servers = {}
   local ok, err = pcall(function()
     for _, c in ipairs(CONFIGS) do
+      if c.extra then break end
       if c.install then
         servers[c.name] = servers.unused or servers.lib
       end
@@ -97,14 +108,14 @@ local function throughput()
       }
     end
     -- warm up (JIT, caches)
-    for _, c in ipairs(CONFIGS) do wrk(servers[c.name], c.path, 1) end
+    for i = 1, 3 do local c = CONFIGS[i]; wrk(servers[c.name], c.path, 1) end
     local ratios = { unused = {}, lib = {} }
     local cratios = { unused = {}, lib = {} }
     local rps = { base = {}, unused = {}, lib = {} }
     for r = 1, ROUNDS do
       local got, cpu = {}, {}
-      for k = 0, #CONFIGS - 1 do
-        local c = CONFIGS[(r + k - 1) % #CONFIGS + 1]
+      for k = 0, 2 do
+        local c = CONFIGS[(r + k - 1) % 3 + 1]
         got[c.name], cpu[c.name] = wrk(servers[c.name], c.path, SECS)
         rps[c.name][r] = got[c.name]
       end
@@ -161,6 +172,7 @@ local function instructions()
   end
   local per = {}
   for _, c in ipairs(CONFIGS) do
+    if (CG_ONLY and not CG_ONLY[c.name]) or (c.extra and not CG_ONLY) then goto next end
     local runs = {}
     for i = 1, CG_REPS do
       local a = callgrind_ir(c, CG_N)
@@ -171,7 +183,9 @@ local function instructions()
     local each = {}
     for i, v in ipairs(runs) do each[i] = ("%.0f"):format(v) end
     print(("callgrind %-6s %8.0f instructions/request (median of %s)"):format(c.name, per[c.name], table.concat(each, ", ")))
+    ::next::
   end
+  if not (per.base and per.unused and per.lib) then return end
   print(("callgrind: unused %+.0f (%.3fx), lib %+.0f (%.3fx) instructions/request vs base"):format(
     per.unused - per.base, per.base / per.unused, per.lib - per.base, per.base / per.lib))
 end

@@ -22,6 +22,8 @@ local SERVER = table.concat({
   "location /timers { " .. app("timers") .. " }",
   "location /timer_error { " .. app("timer_error") .. " }",
   "location /timer_after_error { " .. app("timer_after_error") .. " }",
+  "location /timer_reuse { " .. app("timer_reuse") .. " }",
+  "location /ctx_keys { " .. app("ctx_keys") .. " }",
   "location /scopes { " .. app("scopes") .. " }",
   "location /hooks { " .. app("hooks") .. " }",
   "location /ids { " .. app("ids") .. " }",
@@ -128,6 +130,14 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       assert.are.equal("0 0 nil " .. i, get("/timer_after_error?id=" .. i))
     end
     assert.matches("expected%-boom 5", srv:errors())
+  end)
+
+  it("keeps the request's record in ngx.ctx under private keys, whatever the user keeps there", function()
+    assert.are.equal("v number 1 table true v true f,i,t,r,n,c,idx-other", get("/ctx_keys"))
+  end)
+
+  it("timer callbacks that follow each other start in their own frame, id and resource", function()
+    assert.are.equal("6 6 6 leak1/leak1 r-6", get("/timer_reuse?id=r"))
   end)
 
   it("ngx.timer.at/every run in the frame captured at registration, every run afresh", function()

@@ -255,6 +255,57 @@ function A.timer_after_error()
   say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
 end
 
+--- the request's record is its ngx.ctx: the user's own keys (even named
+--- like the record's fields) neither disturb it nor get touched, also when
+--- ngx.ctx has an __index metatable
+function A.ctx_keys()
+  local ctx = ngx.ctx
+  ctx.frame, ctx.id, ctx.trigger, ctx.res, ctx.n, ctx.co = "f", "i", "t", "r", "n", "c"
+  setmetatable(ctx, { __index = function(_, k) return "idx-" .. tostring(k) end })
+  rid:set("v")
+  local id, trig, res = ah.executionAsyncId(), ah.triggerAsyncId(), ah.executionAsyncResource()
+  local th = ngx.thread.spawn(function() ngx.sleep(0.001); return rid:get(), ah.triggerAsyncId() == id end)
+  local _, tv, tt = ngx.thread.wait(th)
+  local user = concat({ ctx.frame, ctx.id, ctx.trigger, ctx.res, ctx.n, ctx.co, ctx.other }, ",")
+  say { rid:get(), type(id), s(trig), type(res), s(res == ah.executionAsyncResource()), s(tv), s(tt), user }
+end
+
+--- the library reuses the record of a timer callback that returned: each
+--- run still starts in its own captured frame with its own id and resource,
+--- and a light thread left running by an earlier callback (whose record is
+--- not reused) keeps its context
+function A.timer_reuse()
+  local id = arg("id")
+  local n, done = 6, 0
+  local ok, ids, ress, thread = 0, {}, {}, nil
+  for i = 1, n do
+    rid:set(id .. "-" .. i)
+    ngx.timer.at(0, function()
+      if rid:get() == id .. "-" .. i and other:get() == "dflt" then ok = ok + 1 end
+      ids[ah.executionAsyncId()] = true
+      ress[ah.executionAsyncResource()] = true
+      rid:set("leak" .. i)
+      other:set("leak" .. i)
+      if i == 1 then
+        ngx.thread.spawn(function() ngx.sleep(0.02); thread = rid:get() .. "/" .. other:get() end)
+      end
+      done = done + 1
+    end)
+    for _ = 1, 500 do -- one after the other: the next may take this one's record
+      if done == i then break end
+      ngx.sleep(0.001)
+    end
+  end
+  for _ = 1, 500 do
+    if thread then break end
+    ngx.sleep(0.001)
+  end
+  local nids, nres = 0, 0
+  for _ in pairs(ids) do nids = nids + 1 end
+  for _ in pairs(ress) do nres = nres + 1 end
+  say { s(ok), s(nids), s(nres), s(thread), rid:get() }
+end
+
 --- scopes restore on return and on error and keep per-thread values across
 --- yields
 function A.scopes()

@@ -5,22 +5,26 @@
 --
 -- Where the context lives:
 --
--- * A request's state `rs` is a table stored in its `ngx.ctx` under a private
---   key (read with `rawget`; looked up without making the ctx, made by the
---   first set/run).  It is the context record of the request's entry
---   threads, so the rewrite/access/content/filter/log handlers share it, and
---   it dies with the request.  ngx_lua recycles Lua thread objects (and
---   request memory) across requests; nothing here is keyed by a thread alone,
---   so a recycled thread never sees another request's values.
+-- * A request's record is its `ngx.ctx` table itself, with the record's
+--   fields under private table keys (F, ID, TRIG, RES, TH; read with
+--   `rawget`): no user key can collide with them, and a request pays no
+--   table of its own.  The ctx is found without making it and made by the
+--   first set/run.  The rewrite/access/content/filter/log handlers share it,
+--   and it dies with the request.  ngx_lua recycles Lua thread objects (and
+--   request memory) across requests; nothing here is keyed by a thread
+--   alone, so a recycled thread never sees another request's values.
 -- * Threads that the library starts for the request (coroutines made by
 --   `coroutine.create`/`wrap`, `ngx.thread.spawn` light threads) get their own
---   record, `rs[thread]`, made when their body starts and removed when it
---   returns; `rs.n` counts them, so that a request without any pays no
---   `coroutine.running()` (which LuaJIT does not compile).
+--   record in the table at `rs[TH]`, made when their body starts and removed
+--   when it returns; `n` there counts them, so that a request without any
+--   pays no `coroutine.running()` (which LuaJIT does not compile).
 -- * A timer callback runs in a fake request: the trampoline keeps its record
 --   in `timer_recs` by the fake request's address while it runs, starting in
 --   the frame captured by `ngx.timer.at`/`every` (carried as extra timer
---   arguments).  A registration nothing can observe is not wrapped at all.
+--   arguments), and reuses it for a later callback when the run returned
+--   with no thread of its own left.  A registration nothing can observe is
+--   not wrapped at all.  A timer record that a thread needs past the
+--   callback is anchored in the fake request's ngx.ctx under KEY.
 -- * Outside requests (init_by_lua) one top-level record, and one record per
 --   library coroutine in a weak table.
 --
@@ -54,7 +58,14 @@ local NILV = {} -- an explicit nil in a frame
 local WEAKK = { __mode = "k" }
 local EMPTY = setmetatable({}, WEAKK)
 local TOKMT = { __name = "async_hooks.token" }
-local KEY = {} -- our key in ngx.ctx
+-- Record fields.  A request's record is its ngx.ctx table itself (one
+-- table less per request than a record stored in it), so the fields are
+-- private keys that no user key can collide with, read with rawget where
+-- the record may be a ctx (an SSL-phase ctx is shared through __index).
+local F, ID, TRIG, RES, TH, CO = {}, {}, {}, {}, {}, {}
+-- a record that is not the ctx (a timer callback's, when a thread of its
+-- own needs it anchored in the fake request) is kept in ngx.ctx under KEY
+local KEY = {}
 
 -- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
 -- from compiling the common case, the first value of an empty frame)
@@ -84,7 +95,7 @@ function B.empty_frame() return EMPTY end
 ---------------------------------------------------------------------------
 
 local TOPRES = {}
-local TOP = { frame = EMPTY, id = 1, trigger = 0, res = TOPRES }
+local TOP = { [F] = EMPTY, [ID] = 1, [TRIG] = 0, [RES] = TOPRES }
 local top_threads = setmetatable({}, WEAKK) -- coroutines outside requests
 local next_id = 2
 
@@ -102,12 +113,16 @@ local function peek()
   local ref = get_ctx_ref(r, nil, nil)
   if ref < 0 then return nil end
   local ctx = ctxs[ref]
-  return ctx ~= nil and rawget(ctx, KEY) or nil
+  if ctx == nil then return nil end
+  if rawget(ctx, F) ~= nil then return ctx end
+  return rawget(ctx, KEY)
 end
 if type(ctxs) ~= "table" then
   peek = function()
     if get_request() == nil then return false end
-    return rawget(get_ctx_table(), KEY)
+    local ctx = get_ctx_table()
+    if rawget(ctx, F) ~= nil then return ctx end
+    return rawget(ctx, KEY)
   end
 end
 
@@ -145,9 +160,14 @@ end
 -- res}), `n` records of library threads keyed by their Lua thread.  In a
 -- timer callback, its record becomes the state.
 local function new_reqstate()
-  local rs = timer_rec() or { frame = EMPTY, trigger = 1, n = 0 }
-  rawset(get_ctx_table(), KEY, rs)
-  return rs
+  local ctx = get_ctx_table()
+  local tr = timer_rec()
+  if tr ~= nil then
+    rawset(ctx, KEY, tr)
+    return tr
+  end
+  rawset(ctx, F, EMPTY) -- trigger: absent, read as 1
+  return ctx
 end
 
 -- the state of the request running now, made on first use; nil outside
@@ -164,8 +184,9 @@ end
 local function lookup()
   local rs = peek()
   if rs then
-    if rs.n == 0 then return rs end
-    return rs[co_running()] or rs
+    local th = rawget(rs, TH)
+    if th == nil or th.n == 0 then return rs end
+    return th[co_running()] or rs
   end
   if rs == false then
     local co = co_running()
@@ -182,17 +203,17 @@ end
 -- the frame of what runs now (makes nothing)
 local function frame_now()
   local rec = lookup()
-  if rec ~= nil then return rec.frame end
+  if rec ~= nil then return rec[F] end
   return EMPTY
 end
 
 -- the record's id, made when first needed (requests get theirs lazily)
 local function id_of(rec)
-  local id = rec.id
+  local id = rawget(rec, ID)
   if id == nil then
     id = next_id
     next_id = id + 1
-    rec.id = id
+    rawset(rec, ID, id)
   end
   return id
 end
@@ -201,15 +222,20 @@ function B.current_frame() return frame_now() end
 
 function B.executionAsyncId() return id_of(current()) end
 
-function B.triggerAsyncId() return current().trigger end
+function B.triggerAsyncId()
+  local t = rawget(current(), TRIG)
+  if t == nil then return 1 end -- a request's
+  return t
+end
 
 function B.executionAsyncResource()
   local rec = current()
-  local res = rec.res
+  local res = rawget(rec, RES)
   if res == nil then
     res = {}
-    if rec.co then res.thread = rec.co end
-    rec.res = res
+    local co = rawget(rec, CO)
+    if co then res.thread = co end
+    rawset(rec, RES, res)
   end
   return res
 end
@@ -395,33 +421,36 @@ function B.setter(method, class)
     local tok = type(self) == "table" and rawget(self, 1)
     if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
     local rec = current()
-    rec.frame = with(rec.frame, tok, value)
+    rec[F] = with(rec[F], tok, value)
   end
 end
 
 local function restore_frame(rec, saved, ok, ...)
-  rec.frame = saved
+  rec[F] = saved
   if ok then return ... end
   error((...), 0)
 end
 
 function B.run_with(obj, value, fn, ...)
   local rec = current()
-  local saved = rec.frame
-  rec.frame = with(saved, obj[1], value)
+  local saved = rec[F]
+  rec[F] = with(saved, obj[1], value)
   return restore_frame(rec, saved, pcall(fn, ...))
 end
 
 function B.run_in_frame(frame, fn, ...)
   local rec = current()
-  local saved = rec.frame
-  rec.frame = frame
+  local saved = rec[F]
+  rec[F] = frame
   return restore_frame(rec, saved, pcall(fn, ...))
 end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
-  rec.id, rec.trigger, rec.res, rec.frame = sid, strig, sres, sframe
+  rawset(rec, ID, sid)
+  rawset(rec, TRIG, strig)
+  rawset(rec, RES, sres)
+  rec[F] = sframe
   if dq_n > 0 then flush() end
   if ok then return ... end
   error((...), 0)
@@ -429,8 +458,11 @@ end
 
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   local rec = current()
-  local sid, strig, sres, sframe = rec.id, rec.trigger, rec.res, rec.frame
-  rec.id, rec.trigger, rec.res, rec.frame = id, trigger, resource, frame
+  local sid, strig, sres, sframe = rawget(rec, ID), rawget(rec, TRIG), rawget(rec, RES), rec[F]
+  rawset(rec, ID, id)
+  rawset(rec, TRIG, trigger)
+  rawset(rec, RES, resource)
+  rec[F] = frame
   emit_before(id)
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
@@ -442,7 +474,14 @@ end
 -- where a thread started by the library keeps its record: the request's
 -- state, or the weak top-level table
 local function home()
-  return reqstate() or top_threads
+  local rs = reqstate()
+  if rs == nil then return top_threads end
+  local th = rawget(rs, TH)
+  if th == nil then
+    th = { n = 0 }
+    rawset(rs, TH, th)
+  end
+  return th
 end
 
 -- a new resource made from the record `parent`: id, trigger, resource table
@@ -462,7 +501,7 @@ end
 
 -- the body of a thread returned: after, forget the record, destroy
 local function body_done(where, co, rec, ...)
-  emit_after(rec.id)
+  emit_after(rec[ID])
   if where[co] == rec then
     where[co] = nil
     if where ~= top_threads then where.n = where.n - 1 end
@@ -470,7 +509,7 @@ local function body_done(where, co, rec, ...)
   local tok = rec.tok
   if tok ~= nil then
     tok_id[tok] = nil
-    B.emit_destroy(rec.id)
+    B.emit_destroy(rec[ID])
   end
   return ...
 end
@@ -480,7 +519,7 @@ local function body_start(frame, id, trigger, res, tok)
   local co = co_running()
   local where = home()
   if res ~= nil then res.thread = co end
-  local rec = { frame = frame, id = id, trigger = trigger, res = res, tok = tok, co = co }
+  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
   if dq_n > 0 then flush() end
@@ -503,7 +542,7 @@ end
 -- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
 -- make are not visible)
 local function resumed(rec, ...)
-  emit_before(rec.id)
+  emit_before(rec[ID])
   return ...
 end
 
@@ -512,12 +551,13 @@ local function co_yield(...)
     local co = co_running()
     local rs, rec = peek(), nil
     if rs then
-      rec = rs[co]
+      local th = rawget(rs, TH)
+      rec = th and th[co]
     elseif rs == false and co then
       rec = top_threads[co]
     end
-    if rec ~= nil and rec.coro then
-      emit_after(rec.id)
+    if rec and rec.coro then
+      emit_after(rec[ID])
       return resumed(rec, std.yield(...))
     end
   end
@@ -528,7 +568,7 @@ local function co_create(f)
   if type(f) ~= "function" then return std.create(f) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
-  local co = std.create(co_body(f, parent.frame, id, trigger, res, tok))
+  local co = std.create(co_body(f, parent[F], id, trigger, res, tok))
   if res ~= nil then res.thread = co end
   return co
 end
@@ -537,7 +577,7 @@ local function co_wrap(f)
   if type(f) ~= "function" then return std.wrap(f) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
-  return std.wrap(co_body(f, parent.frame, id, trigger, res, tok))
+  return std.wrap(co_body(f, parent[F], id, trigger, res, tok))
 end
 
 B.coroutine = {
@@ -557,7 +597,7 @@ local function make_spawn(real)
     if type(f) ~= "function" then return real(f, ...) end
     local parent = current()
     local id, trigger, res, tok = new_resource(parent, "ngx.thread")
-    return real(thread_body, f, parent.frame, id, trigger, res, tok, ...)
+    return real(thread_body, f, parent[F], id, trigger, res, tok, ...)
   end
 end
 
@@ -573,7 +613,7 @@ local function make_kill(real)
         if where ~= top_threads then where.n = where.n - 1 end
         if rec.tok ~= nil then
           tok_id[rec.tok] = nil
-          B.emit_destroy(rec.id)
+          B.emit_destroy(rec[ID])
         end
       end
     end
@@ -597,35 +637,64 @@ local function timer_stop(key, rec)
 end
 
 local function timer_end(key, rec, last, tok, ...)
-  emit_after(rec.id)
+  emit_after(rec[ID])
   timer_stop(key, rec)
   if last and tok ~= nil then
     tok_id[tok] = nil
-    B.emit_destroy(rec.id)
+    B.emit_destroy(rec[ID])
   end
   return ...
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
   local key = addr(get_request())
-  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
   timer_start(key, rec)
   if dq_n > 0 then flush() end
   emit_before(id)
   return timer_end(key, rec, once or premature, tok, f(premature, ...))
 end
 
+-- calls f(p) from a frame with two named locals: ngx.log looks up the name
+-- of the function that logs (lua_getinfo "n"), and LuaJIT finds it by
+-- scanning the variable info of the caller at the call -- about 1,000
+-- instructions per log line when the caller is timer_cb0 with its 10 locals
+local function call1(f, p)
+  f(p)
+end
+
 -- the same without extra arguments: no vararg forwarding, which LuaJIT
 -- does not compile (ngx_lua ignores what a timer callback returns)
+-- Records of callbacks that returned with no thread of theirs left (rec.n
+-- is 0): nothing refers to them any more (the library's threads started in
+-- the callback keep theirs inside it and count in n), so the next callback
+-- reuses one instead of making a table (a table per request is ~900
+-- instructions with its share of the GC).
+local spare, n_spare = {}, 0
+
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
   local key = addr(get_request())
-  local rec = { frame = frame, id = id, trigger = trigger, res = res, n = 0 }
+  local rec
+  if n_spare > 0 then
+    rec = spare[n_spare]
+    spare[n_spare] = nil
+    n_spare = n_spare - 1
+    rec[F], rec[ID], rec[TRIG], rec[RES] = frame, id, trigger, res
+  else
+    rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
+  end
   timer_start(key, rec)
   if dq_n > 0 then flush() end
   if n_before > 0 then emit_before(id) end
-  f(premature)
+  call1(f, premature)
   if n_after > 0 then emit_after(id) end
   timer_stop(key, rec)
+  local th = rec[TH]
+  if (th == nil or th.n == 0) and n_spare < 16 then
+    rec[F], rec[RES] = EMPTY, nil
+    n_spare = n_spare + 1
+    spare[n_spare] = rec
+  end
   if tok ~= nil and (once or premature) then
     tok_id[tok] = nil
     B.emit_destroy(id)
@@ -659,7 +728,7 @@ local function make_timer(real, once)
     local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
-    if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent.frame == EMPTY) then
+    if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent[F] == EMPTY) then
       if timer_live == 0 then return real(delay, f, ...) end
       if nargs == 0 then return real(delay, timer_plain0, f) end
       return real(delay, timer_plain, f, ...)
@@ -668,9 +737,9 @@ local function make_timer(real, once)
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
     if nargs == 0 then
-      ok, err = real(delay, timer_cb0, once, f, parent.frame, id, trigger, res, tok)
+      ok, err = real(delay, timer_cb0, once, f, parent[F], id, trigger, res, tok)
     else
-      ok, err = real(delay, timer_cb, once, f, parent.frame, id, trigger, res, tok, ...)
+      ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, ...)
     end
     if not ok and tok ~= nil then -- never runs
       tok_id[tok] = nil
