@@ -187,6 +187,8 @@ void ah_open_frames(lua_State *L);
 
 /* hooks.c */
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
+void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
+                    lua_Integer trigger, int res_idx);
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_flush(lua_State *L, ah_state *st);

@@ -151,12 +151,31 @@ static int find_callback(lua_State *L, const ah_spec *sp, int n) {
   return 0;
 }
 
-/* The resource type for init: the spec's, else the handle's __name. */
+/* The resource type for init: the spec's, else the handle's __name (the
+** last metatable seen and its name are kept in the spec: no string is
+** made per init) */
 static void push_type(lua_State *L, int handle_idx) {
   if (lua_getiuservalue(L, W_SPEC, SP_TYPE) == LUA_TSTRING) return;
   lua_pop(L, 1);
-  if (!handle_idx || luaL_getmetafield(L, handle_idx, "__name") != LUA_TSTRING)
-    lua_pushliteral(L, "uv_handle");
+  if (handle_idx && lua_getmetatable(L, handle_idx)) {
+    lua_getiuservalue(L, W_SPEC, SP_TMT);
+    if (lua_rawequal(L, -1, -2)) {
+      lua_pop(L, 2);
+      lua_getiuservalue(L, W_SPEC, SP_TNAME);
+      return;
+    }
+    lua_pop(L, 1);
+    lua_pushliteral(L, "__name");
+    if (lua_rawget(L, -2) == LUA_TSTRING) {
+      lua_pushvalue(L, -1);
+      lua_setiuservalue(L, W_SPEC, SP_TNAME);
+      lua_rotate(L, -2, 1);
+      lua_setiuservalue(L, W_SPEC, SP_TMT);
+      return;
+    }
+    lua_pop(L, 2);
+  }
+  lua_pushliteral(L, "uv_handle");
 }
 
 /* luv accepted the registration of r (at rec, 0: lost): its init */
@@ -165,7 +184,7 @@ static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
   if (st->nhooks[AH_INIT]) {
     if (rec) ah_luv_push_resource(L, r, rec); else lua_pushnil(L);
     push_type(L, handle_idx);
-    ah_emit_init(L, st, r->id, lua_tostring(L, -1), r->trigger, -2);
+    ah_emit_init_v(L, st, r->id, -1, r->trigger, -2);
     lua_pop(L, 2);
   }
 }

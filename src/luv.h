@@ -59,7 +59,9 @@ typedef struct ah_spec {
   int nf, f[2]; /* named arguments copied into the resource: positions */
 } ah_spec;
 /* user values: op name, resource type (or nil), names of the named args */
-enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2, SP_NUV = SP_F2 };
+enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2,
+       SP_TMT, SP_TNAME, /* last handle metatable seen by init, its __name */
+       SP_NUV = SP_TNAME };
 
 /* A registration.  User values: the callback, the frame, the resource
 ** table (REC_RES set) or else the handle (or nil), then (specs with named

@@ -538,9 +538,14 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
 }
 
 /* the library's uv.run: luv's, called in this frame, so that callbacks
-** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones) */
+** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones).
+** Destroys queued outside any callback (a finalizer at top level, a close
+** made there) are delivered first; inside the loop every callback's exit
+** delivers them (Lua code runs there only inside callbacks), so they arrive
+** at the latest on the next loop iteration. */
 int ah_luv_run(lua_State *L) {
   ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  ah_flush_maybe(L, lv->st);
   return lv->run(L);
 }
 

@@ -110,11 +110,6 @@ for _, s in ipairs(SPECS) do
   end
 end
 
-local function destroy_hook_count()
-  local _, _, _, destroy = core.hook_counts()
-  return destroy
-end
-
 --- Patch luv (idempotent).
 -- @param uv the luv module table
 -- @param persist the table that survives re-requires of the module
@@ -122,7 +117,6 @@ function M.attach(uv, persist)
   if persist.luv then return end
   local state = { uv = uv, patches = {} } -- patches: {{tbl, key, orig}}
   local wrappers = {}                      -- original -> wrapper
-  local check_start, check_stop, flush = uv.check_start, uv.check_stop, core.flush
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
@@ -151,28 +145,15 @@ function M.attach(uv, persist)
     end
   end
   core.luv_attach()
-  -- deliver queued destroys at least once per loop iteration: every
-  -- callback's exit flushes them, and this check handle, running only while
-  -- destroy hooks exist, makes sure there is one per iteration (unref'd: it
-  -- does not keep the loop alive).  It is kept across uninstall() (stopped:
-  -- closing it would need the loop to run, see M.detach).
-  local check = persist.luv_check
-  if not check or check:is_closing() then
-    check = uv.new_check()
-    uv.unref(check)
-    persist.luv_check = check
-  end
-  local function destroy_hooks(on)
-    if on then check_start(check, flush) else check_stop(check) end
-  end
-  core.on_destroy_hooks(destroy_hooks)
-  destroy_hooks(destroy_hook_count() > 0)
+  -- queued destroys: every callback's exit delivers them, and so does the
+  -- library's uv.run when it starts (src/luv_dispatch.c), so they arrive at
+  -- the latest on the next loop iteration without a handle that runs every
+  -- iteration.
   persist.luv = state
 end
 
 --- Undo `attach`: every patched slot gets its original function back.  Runs
--- no user code: the check handle is stopped, not closed (luv 1.44 crashes
--- at exit on a handle closed after the loop last ran), for the next attach.
+-- no user code.
 -- @param persist the table given to `attach`
 function M.detach(persist)
   local state = persist.luv
@@ -182,9 +163,6 @@ function M.detach(persist)
     p[1][p[2]] = p[3]
   end
   core.luv_detach()
-  core.on_destroy_hooks(nil)
-  local check = persist.luv_check
-  if check and not check:is_closing() then check:stop() end
   persist.luv = nil
 end
 
