@@ -142,9 +142,12 @@ static int observable(ah_state *st, int s) {
 }
 
 /* the position of the callback argument, or 0 (a synchronous call) */
-static int find_callback(lua_State *L, const ah_spec *sp, int n) {
-  if (sp->pos <= n && (lua_type(L, sp->pos) == LUA_TFUNCTION || ah_callable(L, sp->pos)))
-    return sp->pos;
+static int find_callback(lua_State *L, const ah_spec *sp) {
+  int n;
+  /* pos < 16 is an acceptable index (LUA_MINSTACK): none beyond the top */
+  if (lua_type(L, sp->pos) == LUA_TFUNCTION) return sp->pos;
+  n = lua_gettop(L);
+  if (sp->pos <= n && ah_callable(L, sp->pos)) return sp->pos;
   if (sp->alt && sp->alt <= n && ah_callable(L, sp->alt) &&
       (sp->pos > n || lua_isnil(L, sp->pos)))
     return sp->alt;
@@ -325,10 +328,11 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
   ah_state *st = sp->lv->st;
-  int n = lua_gettop(L), pos = find_callback(L, sp, n), nres;
+  int pos = find_callback(L, sp), nres, n;
   const ah_luv *lv;
   if (pos && observable(st, ah_slot_of(L, st))) {
     lv = sp->lv;
+    n = lua_gettop(L);
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
       ah_rec *r = slot_get(L, lv, 1, sp->slot); /* n+1 */
       if (r) return rearm(L, st, sp, n, pos, r);

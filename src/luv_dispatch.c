@@ -526,7 +526,8 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ** host owns it, the slow path finds the slot */
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
-  r = ah_luv_record(L, lv, base);
+  /* a plain function (no record closure was ever made): no record */
+  r = lv->closures || lua_type(L, base) != LUA_TFUNCTION ? ah_luv_record(L, lv, base) : NULL;
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (in_run && known && lua_checkstack(L, 32) &&
