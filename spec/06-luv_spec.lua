@@ -568,6 +568,38 @@ describe("luv integration", function()
     assert.equal(norm(err1), norm(err2))
   end)
 
+  it("a re-armed registration pending across uninstall() still runs in its context", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local seen, steps = {}, 0
+    local function step()
+      steps = steps + 1
+      seen[#seen + 1] = v:get()
+      if steps == 1 then
+        t:start(1, 0, step) -- re-armed: luv gets the record's closure
+        ah.uninstall()      -- its callback runs without the library's cb_pcall
+      else
+        t:close()
+      end
+    end
+    v:run("armed", function() t:start(1, 0, step) end)
+    run_loop()
+    assert.same({ "armed", "armed" }, seen)
+    assert.is_nil(v:get())
+    assert.equal(0, core.stats().active)
+  end)
+
+  it("a re-armed slot can be re-armed again, stopped and closed from outside", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local seen = {}
+    v:run("a", function() t:start(1000, 0, function() seen[#seen + 1] = "a" end) end)
+    v:run("b", function() t:start(1000, 0, function() seen[#seen + 1] = "b" end) end)
+    v:run("c", function() t:start(1, 0, function() seen[#seen + 1] = v:get(); t:close() end) end)
+    run_loop()
+    assert.same({ "c" }, seen)
+  end)
+
   it("luv required after install() is integrated when it loads", function()
     local code, out = H.run_lua([[
       local ah = require("async_hooks").install()

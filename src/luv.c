@@ -45,14 +45,26 @@ const char ah_luv_key = 0;
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value                                      */
 
-/* push the record of the handle at h for slot, or nil; returns it */
+/* the record of the value at idx: a record, or a record's closure; the
+** value stays (ah_luv_record replaces a closure by its record) */
+static ah_rec *rec_peek(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r;
+  if (lua_tocfunction(L, idx) != ah_luv_rec_fn1) return ah_luv_record(L, lv, idx);
+  lua_getupvalue(L, idx, 1); /* only rec_peek's callers make these: a record */
+  r = (ah_rec *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return r->lv == lv ? r : NULL;
+}
+
+/* push what the handle at h keeps for slot (the record, or its closure),
+** or nil; returns the record */
 static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot) {
   ah_rec *r;
   if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
     lua_rawgeti(L, -1, slot);
     lua_remove(L, -2);
   }
-  r = ah_luv_record(L, lv, -1);
+  r = rec_peek(L, lv, -1);
   if (!r || r->spec->slot != slot) {
     lua_pop(L, 1);
     lua_pushnil(L);
@@ -65,7 +77,7 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot) {
 ** slot_set cannot fail; 0 if the user value is not ours; allocates */
 static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
   int t = lua_getiuservalue(L, h, 1), ok = 1;
-  if (t == LUA_TUSERDATA) {
+  if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *other = ah_luv_record(L, lv, -1);
     if (!other) {
       ok = 0;
@@ -120,7 +132,7 @@ static void slot_drop(lua_State *L, ah_state *st, const ah_luv *lv, int h,
     while (lua_next(L, -2)) ended(L, st, lv);
     lua_pushnil(L);
     lua_setiuservalue(L, h, 1);
-  } else if (t == LUA_TUSERDATA) {
+  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *r = ah_luv_record(L, lv, -1);
     if (r && (!slot || r->spec->slot == slot)) {
       lua_pushvalue(L, -1);
@@ -239,40 +251,64 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
 static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
                  int pos, ah_rec *r) {
   int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
-  int res = st->nhooks[AH_INIT] || st->res_on;
+  int res = st->nhooks[AH_INIT] || st->res_on, fresh = 0;
+  int fnv = n + 1, rec = n + 2, cb = n + 3; /* Lua guarantees LUA_MINSTACK */
   lua_Integer id, old;
-  lua_pushvalue(L, pos); /* n+2 (Lua guarantees LUA_MINSTACK free slots) */
-  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); /* n+3 */
-  lua_copy(L, n + 1, pos);
+  /* luv is handed the record's closure, not the record: luv's callable
+  ** check is cheap on a function and dear on a userdata (a __call lookup) */
+  if (lua_type(L, fnv) == LUA_TFUNCTION) {
+    lua_getupvalue(L, fnv, 1); /* rec */
+  } else { /* first re-arm of this registration: make its closure */
+    lua_pushvalue(L, fnv);
+    lua_pushvalue(L, fnv);
+    lua_pushcclosure(L, ah_luv_rec_fn1, 1);
+    lua_replace(L, fnv);
+    fresh = 1;
+  }
+  lua_pushvalue(L, pos); /* cb */
+  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); /* cb + 1 */
+  lua_copy(L, fnv, pos);
   id = st->next_id++;
   nres = sp->orig(L);
   /* accepted: the old registration ends, the new one begins */
+  if (fresh) { /* the handle keeps the closure (replaces: no allocation) */
+    sp->lv->closures = 1;
+    if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
+      lua_pushvalue(L, fnv);
+      lua_rawseti(L, -2, sp->slot);
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+      lua_pushvalue(L, fnv);
+      lua_setiuservalue(L, 1, 1);
+    }
+  }
   old = r->id;
   r->id = id;
   r->trigger = st->slots[s].id;
-  lua_pushvalue(L, n + 2);
-  lua_setiuservalue(L, pos, RV_CB);
+  lua_pushvalue(L, cb);
+  lua_setiuservalue(L, rec, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
   if (lua_topointer(L, -1) != r->frame) {
     r->frame = lua_topointer(L, -1);
-    lua_setiuservalue(L, pos, RV_FRAME);
+    lua_setiuservalue(L, rec, RV_FRAME);
   } else {
     lua_pop(L, 1);
   }
   if ((r->flags & REC_RES) && r == sp->lv->cur) {
     /* its callback runs: its resource stays the running one's */
-    lua_getiuservalue(L, pos, RV_RES);
+    lua_getiuservalue(L, rec, RV_RES);
     lua_rawseti(L, AH_UV_R, sp->lv->cur_slot);
     sp->lv->cur_wrote = 1;
   }
   if (res || (r->flags & REC_RES)) {
-    lua_pushvalue(L, res ? n + 3 : 1);
-    lua_setiuservalue(L, pos, RV_RES);
+    lua_pushvalue(L, res ? cb + 1 : 1);
+    lua_setiuservalue(L, rec, RV_RES);
     r->flags = (unsigned char)(res ? r->flags | REC_RES : r->flags & ~REC_RES);
   }
   if ((r->flags & REC_DESTROY) && destroy) ah_queue_destroy(st, old);
   r->flags = (unsigned char)(destroy ? r->flags | REC_DESTROY : r->flags & ~REC_DESTROY);
-  if (st->nhooks[AH_INIT]) registered(L, st, r, pos, 1);
+  if (st->nhooks[AH_INIT]) registered(L, st, r, rec, 1);
   return nres;
 }
 

@@ -21,7 +21,7 @@ typedef struct ah_luv {
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
-  int closures;       /* a record closure was made (ah_luv_rec_fn) */
+  int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   /* the record whose callback runs inline (dispatch_run), with the asyncId
   ** and slot it runs in: executionAsyncResource() finds it here */
   struct ah_rec *cur;
@@ -85,6 +85,7 @@ enum {
 
 /* luv_dispatch.c */
 int ah_luv_rec_fn(lua_State *L);
+int ah_luv_rec_fn1(lua_State *L);
 int ah_luv_rec_call(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
 int ah_luv_run(lua_State *L);

@@ -75,15 +75,32 @@ int ah_luv_rec_fn(lua_State *L) {
   return ah_luv_rec_call(L);
 }
 
+/* The record as a function for a re-armed handle slot (see luv.c's
+** rearm): a closure with the record as only upvalue.  luv calls it only
+** without our cb_pcall in front (after uninstall()): the record's __call. */
+int ah_luv_rec_fn1(lua_State *L) {
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 /* the record at idx, or NULL (a userdata of a record's size whose first
 ** field is this state's ah_luv); a record closure at idx is replaced by its
 ** record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   ah_rec *r;
   if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
-    if (!lv->closures || lua_tocfunction(L, idx) != ah_luv_rec_fn) return NULL;
+    lua_CFunction f;
+    int up;
+    if (!lv->closures) return NULL;
+    f = lua_tocfunction(L, idx);
+    if (f == ah_luv_rec_fn1) up = 1;
+    else if (f == ah_luv_rec_fn) up = AH_NUP + 1;
+    else return NULL;
     if (idx < 0) idx = lua_absindex(L, idx);
-    lua_getupvalue(L, idx, AH_NUP + 1);
+    lua_getupvalue(L, idx, up);
     lua_replace(L, idx);
   }
   r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
@@ -527,7 +544,19 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
   /* a plain function (no record closure was ever made): no record */
-  r = lv->closures || lua_type(L, base) != LUA_TFUNCTION ? ah_luv_record(L, lv, base) : NULL;
+  if (lua_type(L, base) != LUA_TFUNCTION) {
+    r = ah_luv_record(L, lv, base);
+  } else if (!lv->closures) {
+    r = NULL;
+  } else if (lua_tocfunction(L, base) == ah_luv_rec_fn1) {
+    /* a re-armed slot's closure (luv.c's rearm makes them, always with a
+    ** record of this state): luv runs the record from here on */
+    lua_getupvalue(L, base, 1);
+    r = (ah_rec *)lua_touserdata(L, -1);
+    lua_replace(L, base);
+  } else {
+    r = ah_luv_record(L, lv, base);
+  }
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (in_run && known && lua_checkstack(L, 32) &&
