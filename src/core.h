@@ -60,7 +60,10 @@ enum {
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
-  AUX_N
+  AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
+                 ** kind in use, or false (see hooks.c) */
+  AUX_N = AUX_HOOK1 + AH_NKINDS
+
 };
 
 typedef struct ah_slot {

@@ -60,8 +60,14 @@ static int l_prepare(lua_State *L) {
 static void commit(lua_State *L, ah_state *st) {
   int k, had = st->nhooks[AH_DESTROY] != 0;
   lua_rawgeti(L, AH_UV_AUX, AUX_NEXT);
+  lua_pushvalue(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
-  for (k = 1; k <= AH_NKINDS; k++) st->nhooks[k] = st->next_n[k];
+  for (k = 1; k <= AH_NKINDS; k++) {
+    st->nhooks[k] = st->next_n[k];
+    lua_rawgeti(L, -1, AH_NKINDS + k); /* in AUX's array part: no allocation */
+    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + k - 1);
+  }
+  lua_pop(L, 1);
   st->dirty = 0;
   if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
 }
@@ -221,14 +227,13 @@ static int run_hooks(lua_State *L) {
 static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
   int base = lua_gettop(L);
   lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
-  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-  if (st->nhooks[kind] == 1) { /* the lists in use have this size */
-    lua_rawgeti(L, -1, AH_NKINDS + kind);
-    lua_replace(L, base + 2);        /* [msgh hook] */
-  } else {
-    lua_rawgeti(L, -1, kind);        /* base + 3: the list */
+  if (st->nhooks[kind] == 1) {       /* [msgh hook] */
+    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
+  } else {                           /* [msgh run_hooks list] */
     lua_pushcfunction(L, run_hooks);
-    lua_replace(L, base + 2);        /* [msgh run_hooks list] */
+    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+    lua_rawgeti(L, -1, kind);
+    lua_replace(L, -2);
   }
   return base;
 }
@@ -410,6 +415,10 @@ void ah_open_hooks(lua_State *L) {
   lua_pushvalue(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  for (i = 1; i <= AH_NKINDS; i++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + i - 1);
+  }
   lua_createtable(L, 0, 2);
   lua_pushliteral(L, "async_hooks.gctoken");
   lua_setfield(L, -2, "__name");

@@ -16,23 +16,25 @@ local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
 -- position, kind[, resource type[, named arguments]]}; `fn`: luv takes only
 -- a function there.  The alternative position is used when
 -- the callback is not at the first one and that argument is nil (fs_read(fd,
--- size, cb) and fs_read(fd, size, offset, cb)).  Handle callbacks take their
--- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).  Every
+-- size, cb) and fs_read(fd, size, offset, cb)).  A start function that
+-- takes one handle type names it (luv's checks make it exact; no lookup per
+-- init); the others take the type from the handle's metatable (`uv_tcp`,
+-- `uv_pipe`, ...).  Every
 -- resource has `op` (the name) and `handle` (the first argument when it is a
 -- userdata); the named arguments `{field, position, ...}` (at most two) are
 -- copied into it too.
 local SPECS = {
   -- handle callbacks (kept until the same slot is re-armed or the handle
   -- is closed)
-  { "timer_start", 4, 0, K_HANDLE },
-  { "prepare_start", 2, 0, K_HANDLE },
-  { "check_start", 2, 0, K_HANDLE },
-  { "idle_start", 2, 0, K_HANDLE },
+  { "timer_start", 4, 0, K_HANDLE, "uv_timer" },
+  { "prepare_start", 2, 0, K_HANDLE, "uv_prepare" },
+  { "check_start", 2, 0, K_HANDLE, "uv_check" },
+  { "idle_start", 2, 0, K_HANDLE, "uv_idle" },
   { "poll_start", 3, 0, K_HANDLE },
-  { "signal_start", 3, 0, K_HANDLE },
-  { "signal_start_oneshot", 3, 0, K_HANDLE },
-  { "fs_event_start", 4, 0, K_HANDLE },
-  { "fs_poll_start", 4, 0, K_HANDLE },
+  { "signal_start", 3, 0, K_HANDLE, "uv_signal" },
+  { "signal_start_oneshot", 3, 0, K_HANDLE, "uv_signal" },
+  { "fs_event_start", 4, 0, K_HANDLE, "uv_fs_event" },
+  { "fs_poll_start", 4, 0, K_HANDLE, "uv_fs_poll" },
   { "listen", 3, 0, K_HANDLE },
   { "read_start", 2, 0, K_HANDLE },
   { "udp_recv_start", 2, 0, K_HANDLE },
