@@ -350,7 +350,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lv->cur_slot = pcur_slot;
   lv->cur_wrote = pcur_wrote;
   lua_rawgeti(L, AH_UV_F, s);
-  if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
+  if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
   lua_pop(L, 1);
   st->active--;
   ah_flush_maybe(L, st);
