@@ -45,28 +45,28 @@ const char ah_luv_key = 0;
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value                                      */
 
-/* the record of the value at idx: a record, or a record's closure; the
-** value stays (ah_luv_record replaces a closure by its record) */
-static ah_rec *rec_peek(lua_State *L, const ah_luv *lv, int idx) {
-  ah_rec *r;
-  if (lua_tocfunction(L, idx) != ah_luv_rec_fn1) return ah_luv_record(L, lv, idx);
-  lua_getupvalue(L, idx, 1); /* only rec_peek's callers make these: a record */
-  r = (ah_rec *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
-  return r->lv == lv ? r : NULL;
-}
-
-/* push what the handle at h keeps for slot (the record, or its closure),
-** or nil; returns the record */
-static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot) {
+/* push what the handle at h keeps for slot (the record, or its closure)
+** and the record itself above it; returns the record.  NULL: only nil was
+** pushed. */
+static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
+                        int *closure) {
   ah_rec *r;
   if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
     lua_rawgeti(L, -1, slot);
     lua_remove(L, -2);
   }
-  r = rec_peek(L, lv, -1);
+  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
+    lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
+    r = (ah_rec *)lua_touserdata(L, -1);
+    if (r->lv != lv) r = NULL;
+    *closure = 1;
+  } else {
+    r = ah_luv_record(L, lv, -1);
+    lua_pushvalue(L, -1);
+    *closure = 0;
+  }
   if (!r || r->spec->slot != slot) {
-    lua_pop(L, 1);
+    lua_pop(L, 2);
     lua_pushnil(L);
     return NULL;
   }
@@ -245,22 +245,20 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   return r;
 }
 
-/* The slot of the handle at 1 is re-armed: its record r (at n+1) is
+/* The slot of the handle at 1 is re-armed: its record r (at n+2; at n+1
+** what the handle keeps, the record or its closure) is
 ** updated in place once luv accepted it.  luv's start functions ignore
 ** values after their callback, which carry the new callback and resource. */
 static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
-                 int pos, ah_rec *r) {
+                 int pos, ah_rec *r, int closure) {
   int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
   int res = st->nhooks[AH_INIT] || st->res_on, fresh = 0;
   int fnv = n + 1, rec = n + 2, cb = n + 3; /* Lua guarantees LUA_MINSTACK */
   lua_Integer id, old;
   /* luv is handed the record's closure, not the record: luv's callable
   ** check is cheap on a function and dear on a userdata (a __call lookup) */
-  if (lua_type(L, fnv) == LUA_TFUNCTION) {
-    lua_getupvalue(L, fnv, 1); /* rec */
-  } else { /* first re-arm of this registration: make its closure */
-    lua_pushvalue(L, fnv);
-    lua_pushvalue(L, fnv);
+  if (!closure) { /* first re-arm: make it */
+    lua_pushvalue(L, rec);
     lua_pushcclosure(L, ah_luv_rec_fn1, 1);
     lua_replace(L, fnv);
     fresh = 1;
@@ -370,8 +368,9 @@ static int wrapped(lua_State *L) {
     lv = sp->lv;
     n = lua_gettop(L);
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
-      ah_rec *r = slot_get(L, lv, 1, sp->slot); /* n+1 */
-      if (r) return rearm(L, st, sp, n, pos, r);
+      int closure;
+      ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
+      if (r) return rearm(L, st, sp, n, pos, r, closure);
       lua_pop(L, 1);
     }
     return track(L, st, lv, sp, n, pos);

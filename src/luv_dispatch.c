@@ -289,7 +289,8 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   int oneshot = r && (r->flags & REC_ONESHOT);
   ah_rec *pcur = lv->cur;
   lua_Integer pcur_id = lv->cur_id;
-  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, switched = 0;
+  unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
   else
@@ -306,6 +307,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       lua_getiuservalue(L, base, RV_FRAME);
       ah_set_frame(L, s, -1);
       lua_pop(L, 1);
+      switched = 1;
     }
     if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
     lv->cur = r;
@@ -322,11 +324,12 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   } else {
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     lua_pushboolean(L, 0);
-    if (had & A_FRAME) ah_set_frame(L, s, -2);
+    if (had & A_FRAME) { ah_set_frame(L, s, -2); switched = 1; }
     if (had & A_RES) ah_set_resource(L, s, -1);
     lua_pop(L, 2);
     st->active++;
   }
+  fgen = st->fgen;
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore */
   if (st->cb_n != depth + (r != NULL)) {
@@ -349,9 +352,13 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lv->cur_id = pcur_id;
   lv->cur_slot = pcur_slot;
   lv->cur_wrote = pcur_wrote;
-  lua_rawgeti(L, AH_UV_F, s);
-  if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
-  lua_pop(L, 1);
+  /* the frame: unchanged when nothing wrote one (F[s] of the thread that
+  ** runs the loop is written only through set_frame_of, which counts) */
+  if (switched || st->fgen != fgen) {
+    lua_rawgeti(L, AH_UV_F, s);
+    if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
+    lua_pop(L, 1);
+  }
   st->active--;
   ah_flush_maybe(L, st);
   if (nresults == 0) {
@@ -544,18 +551,16 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
   /* a plain function (no record closure was ever made): no record */
-  if (lua_type(L, base) != LUA_TFUNCTION) {
-    r = ah_luv_record(L, lv, base);
-  } else if (!lv->closures) {
-    r = NULL;
-  } else if (lua_tocfunction(L, base) == ah_luv_rec_fn1) {
+  if (lv->closures && lua_tocfunction(L, base) == ah_luv_rec_fn1) {
     /* a re-armed slot's closure (luv.c's rearm makes them, always with a
     ** record of this state): luv runs the record from here on */
     lua_getupvalue(L, base, 1);
     r = (ah_rec *)lua_touserdata(L, -1);
     lua_replace(L, base);
-  } else {
+  } else if (lua_type(L, base) != LUA_TFUNCTION || lv->closures) {
     r = ah_luv_record(L, lv, base);
+  } else {
+    r = NULL;
   }
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
