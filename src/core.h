@@ -97,7 +97,7 @@ typedef struct ah_state {
   int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
-  unsigned fgen;             /* counts frame writes (set_frame_of) */
+  unsigned fgen;             /* counts writes of F[s], any slot s */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */

@@ -226,6 +226,8 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   lua_setiuservalue(L, rec, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
   r->frame = lua_topointer(L, -1);
+  r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+  r->fgen = st->fgen;
   lua_setiuservalue(L, rec, RV_FRAME);
   if (eager) {
     ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2);
@@ -286,12 +288,17 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
   r->trigger = st->slots[s].id;
   lua_pushvalue(L, cb);
   lua_setiuservalue(L, rec, RV_CB);
-  lua_rawgeti(L, AH_UV_F, s);
-  if (lua_topointer(L, -1) != r->frame) {
-    r->frame = lua_topointer(L, -1);
-    lua_setiuservalue(L, rec, RV_FRAME);
-  } else {
-    lua_pop(L, 1);
+  /* the frame: the one kept when no F[] was written since it was read */
+  if (r->fgen != st->fgen || (int)r->fslot != s || s >= AH_FSLOT_MAX) {
+    lua_rawgeti(L, AH_UV_F, s);
+    if (lua_topointer(L, -1) != r->frame) {
+      r->frame = lua_topointer(L, -1);
+      lua_setiuservalue(L, rec, RV_FRAME);
+    } else {
+      lua_pop(L, 1);
+    }
+    r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+    r->fgen = st->fgen;
   }
   if ((r->flags & REC_RES) && r == sp->lv->cur) {
     /* its callback runs: its resource stays the running one's */

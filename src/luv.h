@@ -71,8 +71,11 @@ typedef struct ah_rec {
   lua_Integer id, trigger;
   const ah_spec *spec;
   const void *frame; /* identity of the frame user value */
-  unsigned char flags;
+  unsigned flags : 8;
+  unsigned fslot : 24; /* frame was F[fslot] when st->fgen was fgen */
+  unsigned fgen;
 } ah_rec;
+#define AH_FSLOT_MAX 0xFFFFFF /* fslot of a slot this large: unknown */
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
   REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */
