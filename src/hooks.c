@@ -72,8 +72,9 @@ static void commit(lua_State *L, ah_state *st) {
   if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
 }
 
-/* tell the luv integration whether destroy hooks exist (it runs a check
-** handle only while they do); Lua code: only where raising is fine */
+/* tell whoever registered with on_destroy_hooks whether destroy hooks
+** exist (the luv integration no longer does: its uv.run and callback exits
+** deliver queued destroys); Lua code: only where raising is fine */
 void ah_luv_notify(lua_State *L, ah_state *st) {
   st->luv_pending = 0;
   if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
