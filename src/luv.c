@@ -251,9 +251,9 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
 ** what the handle keeps, the record or its closure) is
 ** updated in place once luv accepted it.  luv's start functions ignore
 ** values after their callback, which carry the new callback and resource. */
-static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
-                 int pos, ah_rec *r, int closure) {
-  int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
+static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
+                 int n, int pos, ah_rec *r, int closure) {
+  int nres, destroy = st->nhooks[AH_DESTROY] != 0;
   int res = st->nhooks[AH_INIT] || st->res_on, fresh = 0;
   int fnv = n + 1, rec = n + 2, cb = n + 3; /* Lua guarantees LUA_MINSTACK */
   lua_Integer id, old;
@@ -319,8 +319,8 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
 
 /* a new record takes the callback's place; stack: the n arguments */
 static int track(lua_State *L, ah_state *st, const ah_luv *lv,
-                 const ah_spec *sp, int n, int pos) {
-  int s = ah_slot_of(L, st), nres, rec;
+                 const ah_spec *sp, int s, int n, int pos) {
+  int nres, rec;
   int handle_idx = sp->kind != W_CREATE && sp->kind != W_WORK &&
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
@@ -369,18 +369,18 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
   ah_state *st = sp->lv->st;
-  int pos = find_callback(L, sp), nres, n;
+  int pos = find_callback(L, sp), nres, n, s;
   const ah_luv *lv;
-  if (pos && observable(st, ah_slot_of(L, st))) {
+  if (pos && observable(st, s = ah_slot_of(L, st))) {
     lv = sp->lv;
     n = lua_gettop(L);
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
       int closure;
       ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
-      if (r) return rearm(L, st, sp, n, pos, r, closure);
+      if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
     }
-    return track(L, st, lv, sp, n, pos);
+    return track(L, st, lv, sp, s, n, pos);
   }
   if (!st->handles || !(sp->kind == W_CLOSE || (pos && sp->kind == W_HANDLE)) ||
       lua_type(L, 1) != LUA_TUSERDATA)

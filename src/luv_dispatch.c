@@ -279,6 +279,8 @@ int ah_luv_rec_call(lua_State *L) {
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
+/* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
+#define AH_RUN_STACK (LUA_MINSTACK + 32)
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int base, int nargs, int nresults, int flags) {
   int ret;
@@ -564,7 +566,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   }
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
-  if (in_run && known && lua_checkstack(L, 32) &&
+  if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
     return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
@@ -580,6 +582,11 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
 ** at the latest on the next loop iteration. */
 int ah_luv_run(lua_State *L) {
   ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  /* room for what dispatch_run pushes: luv pushes each callback and its
+  ** arguments inside this very frame (a C call, not a Lua call), whose
+  ** reserved top the collector never shrinks below; dispatch_run runs only
+  ** when this frame is the running one (RUN_MARK) */
+  luaL_checkstack(L, AH_RUN_STACK, "async_hooks");
   ah_flush_maybe(L, lv->st);
   return lv->run(L);
 }
