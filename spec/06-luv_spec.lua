@@ -568,6 +568,90 @@ describe("luv integration", function()
     assert.equal(norm(err1), norm(err2))
   end)
 
+  it("a re-armed registration pending across uninstall() still runs in its context", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local seen, steps = {}, 0
+    local function step()
+      steps = steps + 1
+      seen[#seen + 1] = v:get()
+      if steps == 1 then
+        t:start(1, 0, step) -- re-armed: luv gets the record's closure
+        ah.uninstall()      -- its callback runs without the library's cb_pcall
+      else
+        t:close()
+      end
+    end
+    v:run("armed", function() t:start(1, 0, step) end)
+    run_loop()
+    assert.same({ "armed", "armed" }, seen)
+    assert.is_nil(v:get())
+    assert.equal(0, core.stats().active)
+  end)
+
+  it("a re-armed slot can be re-armed again, stopped and closed from outside", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local seen = {}
+    v:run("a", function() t:start(1000, 0, function() seen[#seen + 1] = "a" end) end)
+    v:run("b", function() t:start(1000, 0, function() seen[#seen + 1] = "b" end) end)
+    v:run("c", function() t:start(1, 0, function() seen[#seen + 1] = v:get(); t:close() end) end)
+    run_loop()
+    assert.same({ "c" }, seen)
+  end)
+
+  it("re-arming from coroutines with frames of their own captures each one's", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local seen = {}
+    local co = ah.coroutine
+    for _, name in ipairs { "one", "two", "three", "four" } do
+      local c = v:run(name, function()
+        return co.create(function()
+          t:start(name == "four" and 1 or 1000, 0, function() seen[#seen + 1] = v:get(); t:close() end)
+        end)
+      end)
+      assert.is_true(co.resume(c))
+    end
+    v:run("main", function() end)
+    run_loop()
+    assert.same({ "four" }, seen)
+  end)
+
+  it("a chain re-armed from its callback captures the frame at each re-arm", function()
+    local v, w = AsyncLocal.new(), AsyncLocal.new()
+    local function chain(inside) -- inside: the loop runs in the registration's frame
+      local t = uv.new_timer()
+      local seen, left = {}, 5
+      local function step()
+        left = left - 1
+        seen[#seen + 1] = tostring(v:get()) .. "/" .. tostring(w:get())
+        if left % 2 == 0 then w:set(left) end -- before the re-arm: the next step's
+        if left > 0 then t:start(0, 0, step) else t:close() end
+        w:set("after") -- after it: nobody's
+      end
+      v:run("chain", function()
+        t:start(0, 0, step)
+        if inside then run_loop() end
+      end)
+      if not inside then run_loop() end
+      assert.same({ "chain/nil", "chain/4", "chain/4", "chain/2", "chain/2" }, seen)
+      assert.is_nil(w:get())
+      assert.is_nil(v:get())
+    end
+    chain(false)
+    chain(true)
+    -- no set at all: every step in the loop's own frame
+    local t, n, seen = uv.new_timer(), 0, {}
+    local function step()
+      n = n + 1
+      seen[n] = v:get()
+      if n < 3 then t:start(0, 0, step) else t:close() end
+    end
+    v:run("same", function() t:start(0, 0, step); run_loop() end)
+    assert.same({ "same", "same", "same" }, seen)
+  end)
+
   it("luv required after install() is integrated when it loads", function()
     local code, out = H.run_lua([[
       local ah = require("async_hooks").install()
@@ -750,11 +834,11 @@ describe("luv integration", function()
     end)
   end)
 
-  it("uninstall() runs no user code and keeps the check handle for the next install", function()
+  it("uninstall() runs no user code; a later install and uv.run still work", function()
     local code, out, err = H.run_lua([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
-      local h = ah.createHook { destroy = function() end }:enable() -- the check runs
+      local h = ah.createHook { destroy = function() end }:enable()
       local ran = false
       local t = uv.new_timer()
       t:start(0, 0, function() ran = true; t:close() end)

@@ -60,7 +60,10 @@ enum {
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
-  AUX_N
+  AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
+                 ** kind in use, or false (see hooks.c) */
+  AUX_N = AUX_HOOK1 + AH_NKINDS
+
 };
 
 typedef struct ah_slot {
@@ -94,6 +97,7 @@ typedef struct ah_state {
   int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
+  unsigned fgen;             /* counts writes of F[s], any slot s */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
@@ -189,6 +193,8 @@ void ah_open_frames(lua_State *L);
 
 /* hooks.c */
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
+void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
+                    lua_Integer trigger, int res_idx);
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_flush(lua_State *L, ah_state *st);

@@ -61,6 +61,7 @@ static int co_create(lua_State *L) {
     else if (ah_unlikely(st->slots[ns].anchored & A_STALE))
       ah_drop_stale(L, st, ns);
     lua_rawseti(L, AH_UV_F, ns);
+    st->fgen++; /* frame writes are counted (see luv.c's rearm) */
     return 1;
   }
   init_coroutine(L, st, top);

@@ -31,7 +31,7 @@ static int l_prepare(lua_State *L) {
   int k, i, n;
   lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
   n = (int)lua_rawlen(L, 3);
-  lua_createtable(L, AH_NKINDS, 0); /* 4 */
+  lua_createtable(L, 2 * AH_NKINDS, 0); /* 4 */
   for (k = 1; k <= AH_NKINDS; k++) {
     int c = 0;
     lua_createtable(L, n, 0);
@@ -43,6 +43,8 @@ static int l_prepare(lua_State *L) {
         lua_pop(L, 1);
       lua_pop(L, 1);
     }
+    if (c == 1) lua_rawgeti(L, -1, 1); else lua_pushboolean(L, 0);
+    lua_rawseti(L, 4, AH_NKINDS + k); /* the only hook of the kind */
     lua_rawseti(L, 4, k);
     st->next_n[k] = c;
   }
@@ -58,14 +60,21 @@ static int l_prepare(lua_State *L) {
 static void commit(lua_State *L, ah_state *st) {
   int k, had = st->nhooks[AH_DESTROY] != 0;
   lua_rawgeti(L, AH_UV_AUX, AUX_NEXT);
+  lua_pushvalue(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
-  for (k = 1; k <= AH_NKINDS; k++) st->nhooks[k] = st->next_n[k];
+  for (k = 1; k <= AH_NKINDS; k++) {
+    st->nhooks[k] = st->next_n[k];
+    lua_rawgeti(L, -1, AH_NKINDS + k); /* in AUX's array part: no allocation */
+    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + k - 1);
+  }
+  lua_pop(L, 1);
   st->dirty = 0;
   if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
 }
 
-/* tell the luv integration whether destroy hooks exist (it runs a check
-** handle only while they do); Lua code: only where raising is fine */
+/* tell whoever registered with on_destroy_hooks whether destroy hooks
+** exist (the luv integration no longer does: its uv.run and callback exits
+** deliver queued destroys); Lua code: only where raising is fine */
 void ah_luv_notify(lua_State *L, ah_state *st) {
   st->luv_pending = 0;
   if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
@@ -207,46 +216,64 @@ static int run_hooks(lua_State *L) {
   return 0;
 }
 
-/* Dispatch the hooks of `kind` with the nargs values on top as arguments
-** (popped).  An error in a hook is fatal.  Cannot fail otherwise once the
-** caller made room for nargs + 4 values (the end of the dispatch only
-** swaps prepared lists in): callers dispatch inside sections that must not
-** fail.  A dispatch keeps the list it started with. */
-static void dispatch(lua_State *L, ah_state *st, int kind, int nargs) {
-  int base = lua_gettop(L) - nargs, n; /* base + 1: first argument */
-  lua_pushcfunction(L, fatal_msgh);
-  lua_insert(L, base + 1);
-  lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-  lua_rawgeti(L, -1, kind);
-  n = (int)lua_rawlen(L, -1);
-  if (n == 1) { /* the common case: the hook itself, protected */
-    lua_rawgeti(L, -1, 1);
-    lua_replace(L, -3);
-    lua_pop(L, 1);
-    lua_insert(L, base + 2); /* [msgh hook args] */
-  } else {
-    lua_replace(L, -2);
-    lua_insert(L, base + 2); /* [msgh list args] */
+/* Dispatch the hooks of `kind`, in two halves so that nothing is moved on
+** the stack: dispatch_begin pushes the message handler and what to call (the
+** hook itself when the list has one function, the common case, else
+** run_hooks and the list) and returns the base; the caller pushes the
+** arguments; dispatch_end makes the one protected call.  An error in a hook
+** is fatal.  Cannot fail otherwise once the caller made room for nargs + 4
+** values (the end of the dispatch only swaps prepared lists in): callers
+** dispatch inside sections that must not fail.  A dispatch keeps the list
+** it started with. */
+static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
+  int base = lua_gettop(L);
+  lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
+  if (st->nhooks[kind] == 1) {       /* [msgh hook] */
+    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
+  } else {                           /* [msgh run_hooks list] */
     lua_pushcfunction(L, run_hooks);
-    lua_insert(L, base + 2); /* [msgh run_hooks list args] */
-    nargs++;
+    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+    lua_rawgeti(L, -1, kind);
+    lua_replace(L, -2);
   }
+  return base;
+}
+
+static void dispatch_end(lua_State *L, ah_state *st, int kind, int base) {
   st->dispatching++;
-  if (lua_pcall(L, nargs, 0, base + 1) != LUA_OK) {
+  if (lua_pcall(L, lua_gettop(L) - base - 2, 0, base + 1) != LUA_OK) {
     fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
             kind_names[kind], lua_tostring(L, -1));
     fflush(stderr);
     exit(1);
   }
-  lua_pop(L, 1); /* fatal_msgh */
+  lua_settop(L, base); /* fatal_msgh */
   if (--st->dispatching == 0 && st->dirty) commit(L, st);
 }
 
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
+  int base;
   if (!st->nhooks[kind]) return;
   luaL_checkstack(L, 8, "async_hooks dispatch");
+  base = dispatch_begin(L, st, kind);
   lua_pushinteger(L, id);
-  dispatch(L, st, kind, 1);
+  dispatch_end(L, st, kind, base);
+}
+
+/* init with the type as a Lua string at type_idx (no re-interning) */
+void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
+                    lua_Integer trigger, int res_idx) {
+  int base;
+  if (!st->nhooks[AH_INIT]) return;
+  res_idx = lua_absindex(L, res_idx);
+  type_idx = lua_absindex(L, type_idx);
+  luaL_checkstack(L, 12, "async_hooks dispatch");
+  base = dispatch_begin(L, st, AH_INIT);
+  lua_pushinteger(L, id);
+  lua_pushvalue(L, type_idx);
+  lua_pushinteger(L, trigger);
+  lua_pushvalue(L, res_idx);
+  dispatch_end(L, st, AH_INIT, base);
 }
 
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
@@ -254,11 +281,9 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
   if (!st->nhooks[AH_INIT]) return;
   res_idx = lua_absindex(L, res_idx);
   luaL_checkstack(L, 12, "async_hooks dispatch");
-  lua_pushinteger(L, id);
   lua_pushstring(L, type); /* can fail: before the dispatch starts */
-  lua_pushinteger(L, trigger);
-  lua_pushvalue(L, res_idx);
-  dispatch(L, st, AH_INIT, 4);
+  ah_emit_init_v(L, st, id, -1, trigger, res_idx);
+  lua_pop(L, 1);
 }
 
 /* --------------------------------------------------------------------- */
@@ -381,14 +406,20 @@ void ah_open_hooks(lua_State *L) {
   int i;
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_ORDER);
-  lua_createtable(L, AH_NKINDS, 0);
+  lua_createtable(L, 2 * AH_NKINDS, 0);
   for (i = 1; i <= AH_NKINDS; i++) {
     lua_newtable(L);
     lua_rawseti(L, -2, i);
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, AH_NKINDS + i);
   }
   lua_pushvalue(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_NEXT);
   lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  for (i = 1; i <= AH_NKINDS; i++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + i - 1);
+  }
   lua_createtable(L, 0, 2);
   lua_pushliteral(L, "async_hooks.gctoken");
   lua_setfield(L, -2, "__name");

@@ -45,16 +45,28 @@ const char ah_luv_key = 0;
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value                                      */
 
-/* push the record of the handle at h for slot, or nil; returns it */
-static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot) {
+/* push what the handle at h keeps for slot (the record, or its closure)
+** and the record itself above it; returns the record.  NULL: only nil was
+** pushed. */
+static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
+                        int *closure) {
   ah_rec *r;
   if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
     lua_rawgeti(L, -1, slot);
     lua_remove(L, -2);
   }
-  r = ah_luv_record(L, lv, -1);
+  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
+    lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
+    r = (ah_rec *)lua_touserdata(L, -1);
+    if (r->lv != lv) r = NULL;
+    *closure = 1;
+  } else {
+    r = ah_luv_record(L, lv, -1);
+    lua_pushvalue(L, -1);
+    *closure = 0;
+  }
   if (!r || r->spec->slot != slot) {
-    lua_pop(L, 1);
+    lua_pop(L, 2);
     lua_pushnil(L);
     return NULL;
   }
@@ -65,7 +77,7 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot) {
 ** slot_set cannot fail; 0 if the user value is not ours; allocates */
 static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
   int t = lua_getiuservalue(L, h, 1), ok = 1;
-  if (t == LUA_TUSERDATA) {
+  if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *other = ah_luv_record(L, lv, -1);
     if (!other) {
       ok = 0;
@@ -120,7 +132,7 @@ static void slot_drop(lua_State *L, ah_state *st, const ah_luv *lv, int h,
     while (lua_next(L, -2)) ended(L, st, lv);
     lua_pushnil(L);
     lua_setiuservalue(L, h, 1);
-  } else if (t == LUA_TUSERDATA) {
+  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *r = ah_luv_record(L, lv, -1);
     if (r && (!slot || r->spec->slot == slot)) {
       lua_pushvalue(L, -1);
@@ -142,21 +154,43 @@ static int observable(ah_state *st, int s) {
 }
 
 /* the position of the callback argument, or 0 (a synchronous call) */
-static int find_callback(lua_State *L, const ah_spec *sp, int n) {
-  if (sp->pos <= n && (lua_type(L, sp->pos) == LUA_TFUNCTION || ah_callable(L, sp->pos)))
-    return sp->pos;
+static int find_callback(lua_State *L, const ah_spec *sp) {
+  int n;
+  /* pos < 16 is an acceptable index (LUA_MINSTACK): none beyond the top */
+  if (lua_type(L, sp->pos) == LUA_TFUNCTION) return sp->pos;
+  n = lua_gettop(L);
+  if (sp->pos <= n && ah_callable(L, sp->pos)) return sp->pos;
   if (sp->alt && sp->alt <= n && ah_callable(L, sp->alt) &&
       (sp->pos > n || lua_isnil(L, sp->pos)))
     return sp->alt;
   return 0;
 }
 
-/* The resource type for init: the spec's, else the handle's __name. */
+/* The resource type for init: the spec's, else the handle's __name (the
+** last metatable seen and its name are kept in the spec: no string is
+** made per init) */
 static void push_type(lua_State *L, int handle_idx) {
   if (lua_getiuservalue(L, W_SPEC, SP_TYPE) == LUA_TSTRING) return;
   lua_pop(L, 1);
-  if (!handle_idx || luaL_getmetafield(L, handle_idx, "__name") != LUA_TSTRING)
-    lua_pushliteral(L, "uv_handle");
+  if (handle_idx && lua_getmetatable(L, handle_idx)) {
+    lua_getiuservalue(L, W_SPEC, SP_TMT);
+    if (lua_rawequal(L, -1, -2)) {
+      lua_pop(L, 2);
+      lua_getiuservalue(L, W_SPEC, SP_TNAME);
+      return;
+    }
+    lua_pop(L, 1);
+    lua_pushliteral(L, "__name");
+    if (lua_rawget(L, -2) == LUA_TSTRING) {
+      lua_pushvalue(L, -1);
+      lua_setiuservalue(L, W_SPEC, SP_TNAME);
+      lua_rotate(L, -2, 1);
+      lua_setiuservalue(L, W_SPEC, SP_TMT);
+      return;
+    }
+    lua_pop(L, 2);
+  }
+  lua_pushliteral(L, "uv_handle");
 }
 
 /* luv accepted the registration of r (at rec, 0: lost): its init */
@@ -165,7 +199,7 @@ static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
   if (st->nhooks[AH_INIT]) {
     if (rec) ah_luv_push_resource(L, r, rec); else lua_pushnil(L);
     push_type(L, handle_idx);
-    ah_emit_init(L, st, r->id, lua_tostring(L, -1), r->trigger, -2);
+    ah_emit_init_v(L, st, r->id, -1, r->trigger, -2);
     lua_pop(L, 2);
   }
 }
@@ -192,6 +226,8 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   lua_setiuservalue(L, rec, RV_CB);
   lua_rawgeti(L, AH_UV_F, s);
   r->frame = lua_topointer(L, -1);
+  r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+  r->fgen = st->fgen;
   lua_setiuservalue(L, rec, RV_FRAME);
   if (eager) {
     ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2);
@@ -211,53 +247,80 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   return r;
 }
 
-/* The slot of the handle at 1 is re-armed: its record r (at n+1) is
+/* The slot of the handle at 1 is re-armed: its record r (at n+2; at n+1
+** what the handle keeps, the record or its closure) is
 ** updated in place once luv accepted it.  luv's start functions ignore
 ** values after their callback, which carry the new callback and resource. */
-static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int n,
-                 int pos, ah_rec *r) {
-  int s = ah_slot_of(L, st), nres, destroy = st->nhooks[AH_DESTROY] != 0;
-  int res = st->nhooks[AH_INIT] || st->res_on;
+static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
+                 int n, int pos, ah_rec *r, int closure) {
+  int nres, destroy = st->nhooks[AH_DESTROY] != 0;
+  int res = st->nhooks[AH_INIT] || st->res_on, fresh = 0;
+  int fnv = n + 1, rec = n + 2, cb = n + 3; /* Lua guarantees LUA_MINSTACK */
   lua_Integer id, old;
-  lua_pushvalue(L, pos); /* n+2 (Lua guarantees LUA_MINSTACK free slots) */
-  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); /* n+3 */
-  lua_copy(L, n + 1, pos);
+  /* luv is handed the record's closure, not the record: luv's callable
+  ** check is cheap on a function and dear on a userdata (a __call lookup) */
+  if (!closure) { /* first re-arm: make it */
+    lua_pushvalue(L, rec);
+    lua_pushcclosure(L, ah_luv_rec_fn1, 1);
+    lua_replace(L, fnv);
+    fresh = 1;
+  }
+  lua_pushvalue(L, pos); /* cb */
+  if (res) ah_luv_new_resource(L, W_SPEC, 1, 0, 0); /* cb + 1 */
+  lua_copy(L, fnv, pos);
   id = st->next_id++;
   nres = sp->orig(L);
   /* accepted: the old registration ends, the new one begins */
+  if (fresh) { /* the handle keeps the closure (replaces: no allocation) */
+    sp->lv->closures = 1;
+    if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
+      lua_pushvalue(L, fnv);
+      lua_rawseti(L, -2, sp->slot);
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+      lua_pushvalue(L, fnv);
+      lua_setiuservalue(L, 1, 1);
+    }
+  }
   old = r->id;
   r->id = id;
   r->trigger = st->slots[s].id;
-  lua_pushvalue(L, n + 2);
-  lua_setiuservalue(L, pos, RV_CB);
-  lua_rawgeti(L, AH_UV_F, s);
-  if (lua_topointer(L, -1) != r->frame) {
-    r->frame = lua_topointer(L, -1);
-    lua_setiuservalue(L, pos, RV_FRAME);
-  } else {
-    lua_pop(L, 1);
+  lua_pushvalue(L, cb);
+  lua_setiuservalue(L, rec, RV_CB);
+  /* the frame: the one kept when no F[] was written since it was read */
+  if (r->fgen != st->fgen || (int)r->fslot != s || s >= AH_FSLOT_MAX) {
+    lua_rawgeti(L, AH_UV_F, s);
+    if (lua_topointer(L, -1) != r->frame) {
+      r->frame = lua_topointer(L, -1);
+      lua_setiuservalue(L, rec, RV_FRAME);
+    } else {
+      lua_pop(L, 1);
+    }
+    r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+    r->fgen = st->fgen;
   }
   if ((r->flags & REC_RES) && r == sp->lv->cur) {
     /* its callback runs: its resource stays the running one's */
-    lua_getiuservalue(L, pos, RV_RES);
+    lua_getiuservalue(L, rec, RV_RES);
     lua_rawseti(L, AH_UV_R, sp->lv->cur_slot);
     sp->lv->cur_wrote = 1;
   }
   if (res || (r->flags & REC_RES)) {
-    lua_pushvalue(L, res ? n + 3 : 1);
-    lua_setiuservalue(L, pos, RV_RES);
+    lua_pushvalue(L, res ? cb + 1 : 1);
+    lua_setiuservalue(L, rec, RV_RES);
     r->flags = (unsigned char)(res ? r->flags | REC_RES : r->flags & ~REC_RES);
   }
   if ((r->flags & REC_DESTROY) && destroy) ah_queue_destroy(st, old);
   r->flags = (unsigned char)(destroy ? r->flags | REC_DESTROY : r->flags & ~REC_DESTROY);
-  if (st->nhooks[AH_INIT]) registered(L, st, r, pos, 1);
+  if (st->nhooks[AH_INIT]) registered(L, st, r, rec, 1);
   return nres;
 }
 
 /* a new record takes the callback's place; stack: the n arguments */
 static int track(lua_State *L, ah_state *st, const ah_luv *lv,
-                 const ah_spec *sp, int n, int pos) {
-  int s = ah_slot_of(L, st), nres, rec;
+                 const ah_spec *sp, int s, int n, int pos) {
+  int nres, rec;
   int handle_idx = sp->kind != W_CREATE && sp->kind != W_WORK &&
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
@@ -306,16 +369,18 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
   ah_state *st = sp->lv->st;
-  int n = lua_gettop(L), pos = find_callback(L, sp, n), nres;
+  int pos = find_callback(L, sp), nres, n, s;
   const ah_luv *lv;
-  if (pos && observable(st, ah_slot_of(L, st))) {
+  if (pos && observable(st, s = ah_slot_of(L, st))) {
     lv = sp->lv;
+    n = lua_gettop(L);
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
-      ah_rec *r = slot_get(L, lv, 1, sp->slot); /* n+1 */
-      if (r) return rearm(L, st, sp, n, pos, r);
+      int closure;
+      ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
+      if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
     }
-    return track(L, st, lv, sp, n, pos);
+    return track(L, st, lv, sp, s, n, pos);
   }
   if (!st->handles || !(sp->kind == W_CLOSE || (pos && sp->kind == W_HANDLE)) ||
       lua_type(L, 1) != LUA_TUSERDATA)

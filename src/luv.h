@@ -21,7 +21,7 @@ typedef struct ah_luv {
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
-  int closures;       /* a record closure was made (ah_luv_rec_fn) */
+  int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   /* the record whose callback runs inline (dispatch_run), with the asyncId
   ** and slot it runs in: executionAsyncResource() finds it here */
   struct ah_rec *cur;
@@ -59,7 +59,9 @@ typedef struct ah_spec {
   int nf, f[2]; /* named arguments copied into the resource: positions */
 } ah_spec;
 /* user values: op name, resource type (or nil), names of the named args */
-enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2, SP_NUV = SP_F2 };
+enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2,
+       SP_TMT, SP_TNAME, /* last handle metatable seen by init, its __name */
+       SP_NUV = SP_TNAME };
 
 /* A registration.  User values: the callback, the frame, the resource
 ** table (REC_RES set) or else the handle (or nil), then (specs with named
@@ -69,8 +71,11 @@ typedef struct ah_rec {
   lua_Integer id, trigger;
   const ah_spec *spec;
   const void *frame; /* identity of the frame user value */
-  unsigned char flags;
+  unsigned flags : 8;
+  unsigned fslot : 24; /* frame was F[fslot] when st->fgen was fgen */
+  unsigned fgen;
 } ah_rec;
+#define AH_FSLOT_MAX 0xFFFFFF /* fslot of a slot this large: unknown */
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
   REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */
@@ -83,6 +88,7 @@ enum {
 
 /* luv_dispatch.c */
 int ah_luv_rec_fn(lua_State *L);
+int ah_luv_rec_fn1(lua_State *L);
 int ah_luv_rec_call(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
 int ah_luv_run(lua_State *L);

@@ -75,15 +75,32 @@ int ah_luv_rec_fn(lua_State *L) {
   return ah_luv_rec_call(L);
 }
 
+/* The record as a function for a re-armed handle slot (see luv.c's
+** rearm): a closure with the record as only upvalue.  luv calls it only
+** without our cb_pcall in front (after uninstall()): the record's __call. */
+int ah_luv_rec_fn1(lua_State *L) {
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 /* the record at idx, or NULL (a userdata of a record's size whose first
 ** field is this state's ah_luv); a record closure at idx is replaced by its
 ** record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   ah_rec *r;
   if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
-    if (!lv->closures || lua_tocfunction(L, idx) != ah_luv_rec_fn) return NULL;
+    lua_CFunction f;
+    int up;
+    if (!lv->closures) return NULL;
+    f = lua_tocfunction(L, idx);
+    if (f == ah_luv_rec_fn1) up = 1;
+    else if (f == ah_luv_rec_fn) up = AH_NUP + 1;
+    else return NULL;
     if (idx < 0) idx = lua_absindex(L, idx);
-    lua_getupvalue(L, idx, AH_NUP + 1);
+    lua_getupvalue(L, idx, up);
     lua_replace(L, idx);
   }
   r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
@@ -262,6 +279,8 @@ int ah_luv_rec_call(lua_State *L) {
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
+/* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
+#define AH_RUN_STACK (LUA_MINSTACK + 32)
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int base, int nargs, int nresults, int flags) {
   int ret;
@@ -272,7 +291,8 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   int oneshot = r && (r->flags & REC_ONESHOT);
   ah_rec *pcur = lv->cur;
   lua_Integer pcur_id = lv->cur_id;
-  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, switched = 0;
+  unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
   else
@@ -289,6 +309,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       lua_getiuservalue(L, base, RV_FRAME);
       ah_set_frame(L, s, -1);
       lua_pop(L, 1);
+      switched = 1;
     }
     if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
     lv->cur = r;
@@ -305,11 +326,12 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   } else {
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     lua_pushboolean(L, 0);
-    if (had & A_FRAME) ah_set_frame(L, s, -2);
+    if (had & A_FRAME) { ah_set_frame(L, s, -2); switched = 1; }
     if (had & A_RES) ah_set_resource(L, s, -1);
     lua_pop(L, 2);
     st->active++;
   }
+  fgen = st->fgen;
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore */
   if (st->cb_n != depth + (r != NULL)) {
@@ -332,9 +354,13 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lv->cur_id = pcur_id;
   lv->cur_slot = pcur_slot;
   lv->cur_wrote = pcur_wrote;
-  lua_rawgeti(L, AH_UV_F, s);
-  if (lua_topointer(L, -1) != lua_topointer(L, pframe)) ah_set_frame(L, s, pframe);
-  lua_pop(L, 1);
+  /* the frame: unchanged when nothing wrote one (F[s] of the thread that
+  ** runs the loop is written only through set_frame_of, which counts) */
+  if (switched || st->fgen != fgen) {
+    lua_rawgeti(L, AH_UV_F, s);
+    if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
+    lua_pop(L, 1);
+  }
   st->active--;
   ah_flush_maybe(L, st);
   if (nresults == 0) {
@@ -526,10 +552,21 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ** host owns it, the slow path finds the slot */
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
-  r = ah_luv_record(L, lv, base);
+  /* a plain function (no record closure was ever made): no record */
+  if (lv->closures && lua_tocfunction(L, base) == ah_luv_rec_fn1) {
+    /* a re-armed slot's closure (luv.c's rearm makes them, always with a
+    ** record of this state): luv runs the record from here on */
+    lua_getupvalue(L, base, 1);
+    r = (ah_rec *)lua_touserdata(L, -1);
+    lua_replace(L, base);
+  } else if (lua_type(L, base) != LUA_TFUNCTION || lv->closures) {
+    r = ah_luv_record(L, lv, base);
+  } else {
+    r = NULL;
+  }
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
-  if (in_run && known && lua_checkstack(L, 32) &&
+  if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
     return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
@@ -538,9 +575,19 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
 }
 
 /* the library's uv.run: luv's, called in this frame, so that callbacks
-** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones) */
+** find the core's upvalues (RUN_LV, RUN_MARK after the shared ones).
+** Destroys queued outside any callback (a finalizer at top level, a close
+** made there) are delivered first; inside the loop every callback's exit
+** delivers them (Lua code runs there only inside callbacks), so they arrive
+** at the latest on the next loop iteration. */
 int ah_luv_run(lua_State *L) {
   ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  /* room for what dispatch_run pushes: luv pushes each callback and its
+  ** arguments inside this very frame (a C call, not a Lua call), whose
+  ** reserved top the collector never shrinks below; dispatch_run runs only
+  ** when this frame is the running one (RUN_MARK) */
+  luaL_checkstack(L, AH_RUN_STACK, "async_hooks");
+  ah_flush_maybe(L, lv->st);
   return lv->run(L);
 }
 

@@ -190,6 +190,7 @@ static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
   }
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
+  st->fgen++;
 }
 
 /* R[s] holds false for "no resource" (the key stays) */
@@ -267,6 +268,7 @@ static void clear(lua_State *L, ah_state *st, int s) {
   if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
+  st->fgen++;
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_R, s);
   lua_pushnil(L);
@@ -386,6 +388,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   }
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, AH_UV_F, s);
+  st->fgen++;
   return s;
 }
 

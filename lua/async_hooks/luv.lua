@@ -16,23 +16,25 @@ local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
 -- position, kind[, resource type[, named arguments]]}; `fn`: luv takes only
 -- a function there.  The alternative position is used when
 -- the callback is not at the first one and that argument is nil (fs_read(fd,
--- size, cb) and fs_read(fd, size, offset, cb)).  Handle callbacks take their
--- type from the handle's metatable (`uv_timer`, `uv_tcp`, ...).  Every
+-- size, cb) and fs_read(fd, size, offset, cb)).  A start function that
+-- takes one handle type names it (luv's checks make it exact; no lookup per
+-- init); the others take the type from the handle's metatable (`uv_tcp`,
+-- `uv_pipe`, ...).  Every
 -- resource has `op` (the name) and `handle` (the first argument when it is a
 -- userdata); the named arguments `{field, position, ...}` (at most two) are
 -- copied into it too.
 local SPECS = {
   -- handle callbacks (kept until the same slot is re-armed or the handle
   -- is closed)
-  { "timer_start", 4, 0, K_HANDLE },
-  { "prepare_start", 2, 0, K_HANDLE },
-  { "check_start", 2, 0, K_HANDLE },
-  { "idle_start", 2, 0, K_HANDLE },
+  { "timer_start", 4, 0, K_HANDLE, "uv_timer" },
+  { "prepare_start", 2, 0, K_HANDLE, "uv_prepare" },
+  { "check_start", 2, 0, K_HANDLE, "uv_check" },
+  { "idle_start", 2, 0, K_HANDLE, "uv_idle" },
   { "poll_start", 3, 0, K_HANDLE },
-  { "signal_start", 3, 0, K_HANDLE },
-  { "signal_start_oneshot", 3, 0, K_HANDLE },
-  { "fs_event_start", 4, 0, K_HANDLE },
-  { "fs_poll_start", 4, 0, K_HANDLE },
+  { "signal_start", 3, 0, K_HANDLE, "uv_signal" },
+  { "signal_start_oneshot", 3, 0, K_HANDLE, "uv_signal" },
+  { "fs_event_start", 4, 0, K_HANDLE, "uv_fs_event" },
+  { "fs_poll_start", 4, 0, K_HANDLE, "uv_fs_poll" },
   { "listen", 3, 0, K_HANDLE },
   { "read_start", 2, 0, K_HANDLE },
   { "udp_recv_start", 2, 0, K_HANDLE },
@@ -110,11 +112,6 @@ for _, s in ipairs(SPECS) do
   end
 end
 
-local function destroy_hook_count()
-  local _, _, _, destroy = core.hook_counts()
-  return destroy
-end
-
 --- Patch luv (idempotent).
 -- @param uv the luv module table
 -- @param persist the table that survives re-requires of the module
@@ -122,7 +119,6 @@ function M.attach(uv, persist)
   if persist.luv then return end
   local state = { uv = uv, patches = {} } -- patches: {{tbl, key, orig}}
   local wrappers = {}                      -- original -> wrapper
-  local check_start, check_stop, flush = uv.check_start, uv.check_stop, core.flush
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
@@ -151,28 +147,15 @@ function M.attach(uv, persist)
     end
   end
   core.luv_attach()
-  -- deliver queued destroys at least once per loop iteration: every
-  -- callback's exit flushes them, and this check handle, running only while
-  -- destroy hooks exist, makes sure there is one per iteration (unref'd: it
-  -- does not keep the loop alive).  It is kept across uninstall() (stopped:
-  -- closing it would need the loop to run, see M.detach).
-  local check = persist.luv_check
-  if not check or check:is_closing() then
-    check = uv.new_check()
-    uv.unref(check)
-    persist.luv_check = check
-  end
-  local function destroy_hooks(on)
-    if on then check_start(check, flush) else check_stop(check) end
-  end
-  core.on_destroy_hooks(destroy_hooks)
-  destroy_hooks(destroy_hook_count() > 0)
+  -- queued destroys: every callback's exit delivers them, and so does the
+  -- library's uv.run when it starts (src/luv_dispatch.c), so they arrive at
+  -- the latest on the next loop iteration without a handle that runs every
+  -- iteration.
   persist.luv = state
 end
 
 --- Undo `attach`: every patched slot gets its original function back.  Runs
--- no user code: the check handle is stopped, not closed (luv 1.44 crashes
--- at exit on a handle closed after the loop last ran), for the next attach.
+-- no user code.
 -- @param persist the table given to `attach`
 function M.detach(persist)
   local state = persist.luv
@@ -182,9 +165,6 @@ function M.detach(persist)
     p[1][p[2]] = p[3]
   end
   core.luv_detach()
-  core.on_destroy_hooks(nil)
-  local check = persist.luv_check
-  if check and not check:is_closing() then check:stop() end
   persist.luv = nil
 end
 
