@@ -248,6 +248,7 @@ void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
   st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
+  st->fgen++; /* every write of F[s] is counted (luv.c's rearm, dispatch) */
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
