@@ -948,4 +948,36 @@ describe("luv integration", function()
     assert.equal(0, code)
     assert.equal("true\ttrue\ttrue\ttimer_start\ttrue\ttrue\tctx\n", out)
   end)
+
+  it("a Lua error in the flush at a callback's exit does not escape luv's loop", function()
+    -- on_destroy_hooks' function is told at the flush that ends an inline
+    -- callback when an after hook enabled the first destroy hook
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local core = require("async_hooks.core")
+      local v = ah.AsyncLocal.new()
+      local told, raising = {}, true
+      core.on_destroy_hooks(function(on)
+        told[#told + 1] = on
+        if raising then error("raised in on_destroy_hooks") end
+      end)
+      local dh = ah.createHook{ destroy = function() end }
+      local en = ah.createHook{ after = function() dh:enable() end }:enable()
+      local t = uv.new_timer()
+      v:run("x", function() t:start(0, 0, function() t:stop() end) end)
+      print(pcall(uv.run))
+      raising = false
+      en:disable() -- told again (the failed notice is retried)
+      local st = core.stats()
+      print(v:get(), ah.executionAsyncId(), st.active, st.dispatching, #told, told[1], told[2])
+      t:close()
+      uv.run()
+      dh:disable()
+      print(#told, told[3])
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\tfalse\nnil\t1\t0\t0\t2\ttrue\ttrue\n3\tfalse\n", out)
+  end)
 end)
