@@ -877,4 +877,107 @@ describe("luv integration", function()
       for j = 1, i - 1 do assert.are_not.equal(res[j], r) end
     end
   end)
+
+  -- in a fresh process: the first executionAsyncResource() call switches
+  -- records to making their resource at entry (and this file made it)
+  local nested = [[
+    local uv = require("luv")
+    local ah = require("async_hooks").install()
+    local v = ah.AsyncLocal.new()
+    local a, b = uv.new_timer(), uv.new_timer()
+    local h = ah.createHook{init = function() end}:enable()
+    a:start(0, 0, function() -- has a resource (an init hook was on)
+      uv.run("nowait") -- b fires here
+      local ra = ah.executionAsyncResource()
+      print("a", ra.op, ra.handle == a)
+      a:close()
+    end)
+    h:disable()
+    %s
+    uv.run()
+  ]]
+
+  it("a nested tracked callback without a resource does not see the outer callback's", function()
+    local code, out, err = H.run_lua(nested:format([[
+      v:run("x", function()
+        b:start(0, 0, function()
+          local rb = ah.executionAsyncResource()
+          print("b", v:get(), rb.op, rb.handle == b, rb.handle == a)
+          b:close()
+        end)
+      end)]]))
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("b\tx\ttimer_start\ttrue\tfalse\na\ttimer_start\ttrue\n", out)
+  end)
+
+  it("a nested untracked callback does not see the outer callback's resource", function()
+    local code, out, err = H.run_lua(nested:format([[
+      b:start(0, 0, function()
+        local rb = ah.executionAsyncResource()
+        print("b", type(rb), type(rb) == "table" and rb.handle == a)
+        b:close()
+      end)]]))
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("b\ttable\tfalse\na\ttimer_start\ttrue\n", out)
+  end)
+
+  it("a callback re-armed from itself after an init hook was enabled keeps its own resource", function()
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      local inits = {}
+      v:run("ctx", function()
+        t:start(0, 0, function()
+          local running = ah.executionAsyncId()
+          ah.createHook{init = function(id, _, _, res) inits[id] = res end}:enable()
+          t:start(1000, 0, function() end) -- re-armed: a new registration
+          local res = ah.executionAsyncResource()
+          local newid = next(inits)
+          print(running ~= newid, res ~= inits[newid], res == ah.executionAsyncResource(),
+                res.op, res.handle == t, inits[newid].handle == t, v:get())
+          t:close()
+        end)
+      end)
+      uv.run()
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\ttrue\ttrue\ttimer_start\ttrue\ttrue\tctx\n", out)
+  end)
+
+  it("a Lua error in the flush at a callback's exit does not escape luv's loop", function()
+    -- on_destroy_hooks' function is told at the flush that ends an inline
+    -- callback when an after hook enabled the first destroy hook
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local core = require("async_hooks.core")
+      local v = ah.AsyncLocal.new()
+      local told, raising = {}, true
+      core.on_destroy_hooks(function(on)
+        told[#told + 1] = on
+        if raising then error("raised in on_destroy_hooks") end
+      end)
+      local dh = ah.createHook{ destroy = function() end }
+      local en = ah.createHook{ after = function() dh:enable() end }:enable()
+      local t = uv.new_timer()
+      v:run("x", function() t:start(0, 0, function() t:stop() end) end)
+      print(pcall(uv.run))
+      raising = false
+      en:disable() -- told again (the failed notice is retried)
+      local st = core.stats()
+      print(v:get(), ah.executionAsyncId(), st.active, st.dispatching, #told, told[1], told[2])
+      t:close()
+      uv.run()
+      dh:disable()
+      print(#told, told[3])
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\tfalse\nnil\t1\t0\t0\t2\ttrue\ttrue\n3\tfalse\n", out)
+  end)
 end)

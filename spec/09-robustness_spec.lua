@@ -263,6 +263,32 @@ describe("the api layer under LuaJIT", function()
   end)
 end)
 
+describe("metamethods of internal objects", function()
+  it("a luv record's __call rejects a self that is not a record", function()
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      v:run(1, function() t:start(10, 0, function() end) end)
+      local rec = debug.getuservalue(t, 1)
+      if type(rec) == "function" then rec = select(2, debug.getupvalue(rec, 1)) end
+      local call = debug.getmetatable(rec).__call
+      for _, bad in ipairs{ {}, io.stdout, 5, t } do
+        local ok, e = pcall(call, bad)
+        print(ok, tostring(e):match("bad self") ~= nil)
+      end
+      print(ah.executionAsyncId(), v:get())
+      t:close()
+      uv.run()
+      print("done")
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal(("false\ttrue\n"):rep(4) .. "1\tnil\ndone\n", out)
+  end)
+end)
+
 describe("install / uninstall", function()
   after_each(state_intact)
 

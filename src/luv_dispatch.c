@@ -197,11 +197,17 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
     lua_replace(L, top);
     return 0;
   }
-  if (r->id != st->slots[s].id && !(r->flags & REC_RES)) {
+  if (r->id != st->slots[s].id) {
     /* re-armed while its callback runs: the record is the new
-    ** registration's; the running one gets a table of its own */
+    ** registration's (and its resource, if it has one now); the running
+    ** one gets a table of its own */
     push_spec(L, r);
     lua_getiuservalue(L, top, RV_RES);
+    if (r->flags & REC_RES) { /* the new resource: take its handle */
+      lua_pushliteral(L, "handle");
+      lua_rawget(L, -2);
+      lua_replace(L, -2);
+    }
     ah_luv_new_resource(L, top + 1, top + 2, 0, 0);
     lua_replace(L, top);
     lua_settop(L, top);
@@ -228,11 +234,20 @@ void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
 ** restore; called protected so that the context is restored on error */
 int ah_luv_rec_call(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_rec *r = (ah_rec *)lua_touserdata(L, 1);
-  int n = lua_gettop(L), s = ah_slot_of(L, st), i, status;
-  lua_Integer id = r->id, pid = st->slots[s].id, ptrig = st->slots[s].trigger;
-  int oneshot = r->flags & REC_ONESHOT;
+  ah_rec *r = NULL;
+  int n = lua_gettop(L), s, i, status, oneshot;
+  lua_Integer id, pid, ptrig;
   luaL_checkstack(L, n + 24, "async_hooks");
+  /* self: a record of this state (the metatable is reachable from Lua) */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
+    r = ah_luv_record(L, (ah_luv *)lua_touserdata(L, -1), 1);
+  lua_pop(L, 1);
+  if (!r) return luaL_error(L, "bad self (async_hooks luv record expected)");
+  s = ah_slot_of(L, st);
+  id = r->id;
+  pid = st->slots[s].id;
+  ptrig = st->slots[s].trigger;
+  oneshot = r->flags & REC_ONESHOT;
   if (!(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
   ah_reserve(L, s);
   lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
@@ -281,6 +296,26 @@ int ah_luv_rec_call(lua_State *L) {
 enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
 /* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
+/* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
+** step (on_destroy_hooks' callback) runs protected through LV_FLUSH, a
+** closure of the frame that runs the loop (RUN_LV); the rest allocates
+** nothing (destroy hook errors end the process; ah_flush's stack check
+** fits in what ah_luv_run reserved) */
+#define RUN_LV lua_upvalueindex(AH_NUP + 1)
+static void flush_in_run(lua_State *L, ah_state *st) {
+  if (!st->luv_pending) {
+    ah_flush(L, st);
+    return;
+  }
+  lua_getiuservalue(L, RUN_LV, LV_FLUSH);
+  if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory */
+    lua_pop(L, 1);
+    st->luv_pending = 0; /* the destroys without the Lua step, */
+    ah_flush_maybe(L, st);
+    st->luv_pending = 1; /* which is retried at the next flush */
+  }
+}
+
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int base, int nargs, int nresults, int flags) {
   int ret;
@@ -320,6 +355,10 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       lua_pushvalue(L, base + D_RES);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
+    } else if (depth) { /* nested: R[s] may hold the outer one's */
+      lua_pushboolean(L, 0);
+      lua_rawseti(L, AH_UV_R, s);
+      lv->cur_wrote = 1;
     }
     st->active += 2; /* the callback, and its entry in st->cb */
     if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
@@ -327,7 +366,17 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     lua_pushboolean(L, 0);
     if (had & A_FRAME) { ah_set_frame(L, s, -2); switched = 1; }
-    if (had & A_RES) ah_set_resource(L, s, -1);
+    lv->cur = NULL;
+    lv->cur_id = 0;
+    lv->cur_slot = s;
+    lv->cur_wrote = 0;
+    if (had & A_RES) {
+      ah_set_resource(L, s, -1);
+    } else if (depth) { /* nested: R[s] may hold the outer one's */
+      lua_pushboolean(L, 0);
+      lua_rawseti(L, AH_UV_R, s);
+      lv->cur_wrote = 1;
+    }
     lua_pop(L, 2);
     st->active++;
   }
@@ -346,7 +395,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   st->slots[s].trigger = ptrig;
   if ((had | st->slots[s].anchored) & A_RES) {
     ah_set_resource(L, s, pres);
-  } else if (r && lv->cur_wrote) {
+  } else if (lv->cur_wrote) {
     lua_pushvalue(L, pres);
     lua_rawseti(L, AH_UV_R, s);
   }
@@ -362,7 +411,8 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lua_pop(L, 1);
   }
   st->active--;
-  ah_flush_maybe(L, st);
+  if ((st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
+    flush_in_run(L, st);
   if (nresults == 0) {
     lua_settop(L, base - 1);
   } else { /* [X pres pframe res results] -> [results] */
@@ -529,7 +579,6 @@ static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
 }
 
 /* Every luv callback comes through here (see the top of the file). */
-#define RUN_LV lua_upvalueindex(AH_NUP + 1)
 #define RUN_MARK lua_upvalueindex(AH_NUP + 2)
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
@@ -564,7 +613,8 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   } else {
     r = NULL;
   }
-  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)))
+  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
+      !st->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
