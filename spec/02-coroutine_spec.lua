@@ -408,3 +408,108 @@ describe("install / uninstall", function()
     assert.is_false(ah.installed())
   end)
 end)
+
+-- review finding 1: co_create checked for a free slot, then armed its
+-- anchors (an allocation: a GC step runs user finalizers); a finalizer that
+-- created a coroutine took the last free slot and create took slot -1
+describe("create while a finalizer takes the last free slot", function()
+  it("never takes slot -1: the new coroutine gets its own slot and context", function()
+    local v = AsyncLocal.new()
+    local f = function() coroutine.yield() end
+    local keep, made = {}, {}
+    local function free()
+      local s = core.stats()
+      return s.capacity - s.slots - 1 -- slot 0 is never used
+    end
+    local function new()
+      local c = co.create(f); keep[#keep + 1] = c; return c
+    end
+    for _ = 1, 100 do new() end -- a heap slot array
+    local in_create, hits, cycled = false, 0, false
+    local mt = {}
+    mt.__gc = function()
+      setmetatable({}, mt); cycled = true
+      if in_create then hits = hits + 1; made[#made + 1] = new() end
+    end
+    setmetatable({}, mt)
+    local mode = collectgarbage("generational", 1, 100)
+    local ok, err = pcall(v.run, v, "creator", function()
+      local junk
+      for i = 1, 20000 do
+        for _ = 1, free() - 1 do new() end
+        cycled = false
+        for _ = 1, 1e6 do
+          if cycled then break end
+          junk = {}
+        end
+        for _ = 1, math.random(0, 60) do junk = { i } end
+        in_create = true
+        local c = co.create(function() return v:get(), ah.executionAsyncId() end)
+        in_create = false
+        local rok, val, id = co.resume(c) -- runs to completion: slot freed
+        assert(rok and val == "creator" and id > 1, "bad context in the new coroutine")
+        if hits >= 1 then break end
+      end
+      return junk
+    end)
+    in_create = false
+    mt.__gc = nil
+    collectgarbage(mode)
+    assert.is_true(ok, err)
+    -- the race is timing-dependent (a GC step inside create's arming):
+    -- when it happens, ASan/valgrind see any slot -1 access
+    -- every coroutine made has its own id and the creator's value
+    local ids = {}
+    for _, c in ipairs(made) do
+      local rok, val, id = co.resume(c)
+      assert.is_true(rok, val)
+      if val ~= nil then -- the finalizer's coroutines only yield
+        assert.equal("creator", val)
+        assert.is_nil(ids[id]); ids[id] = true
+      end
+    end
+    for _, c in ipairs(keep) do co.close(c) end
+    assert.equal(1, ah.executionAsyncId())
+  end)
+end)
+
+-- review finding 5: a before hook that closes the coroutine being resumed
+-- (its slot then taken by another coroutine) must not shift `after` to the
+-- new coroutine's id
+describe("a before hook that closes the coroutine being resumed", function()
+  it("gets the after of the same id, and the resume fails cleanly", function()
+    local ev, target, other = {}, nil, nil
+    local h = ah.createHook {
+      before = function(id)
+        ev[#ev + 1] = "before " .. id
+        if target and id == target.id then
+          target.id = nil
+          co.close(target.co)
+          other = co.create(function() end)
+        end
+      end,
+      after = function(id) ev[#ev + 1] = "after " .. id end,
+    }
+    local c = co.create(function() coroutine.yield() end)
+    local id = core.stats().next_id - 1
+    target = { co = c, id = id }
+    h:enable()
+    local ok, err = co.resume(c)
+    h:disable()
+    assert.is_false(ok)
+    assert.matches("dead coroutine", err)
+    assert.truthy(other)
+    assert.same({ "before " .. id, "after " .. id }, ev)
+    assert.equal("dead", co.status(c))
+    -- the slot's new owner runs with its own id
+    local h2ev = {}
+    local h2 = ah.createHook { before = function(i) h2ev[#h2ev + 1] = i end }
+    h2:enable()
+    assert.is_true(co.resume(other))
+    h2:disable()
+    assert.equal(1, #h2ev)
+    assert.is_true(h2ev[1] > id)
+    assert.equal(1, ah.executionAsyncId())
+    assert.equal(0, core.stats().active)
+  end)
+end)

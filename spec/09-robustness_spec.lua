@@ -490,3 +490,20 @@ describe("GC at awkward moments", function()
     assert.equal(0, dup)
   end)
 end)
+
+-- review finding 6: the scope guard's metatable is reachable from Lua; its
+-- __close must check its self instead of casting it
+describe("the scope guard's __close", function()
+  after_each(state_intact)
+
+  it("rejects a self that is not a guard with a clear error", function()
+    local g = core.enter_scope(5, 1, {}, core.empty_frame())
+    local close = getmetatable(g).__close
+    for _, bad in ipairs { {}, 5, "x", io.stdout, co.create(print) } do
+      assert.error_matches(function() close(bad) end, "async_hooks.scope expected")
+    end
+    assert.equal(5, ah.executionAsyncId())
+    close(g)
+    assert.equal(1, ah.executionAsyncId())
+  end)
+end)

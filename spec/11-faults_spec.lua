@@ -98,6 +98,16 @@ describe("a host that uses LUA_EXTRASPACE #slow", function()
     assert.matches("extrahost host: ok", out)
   end)
 
+  -- review finding 4: the fallback lookup's one-entry cache
+  it("gives a new thread at a collected thread's address a fresh context", function()
+    for _, mode in ipairs { "host", "none" } do
+      local ok, out = sh(exe .. " " .. mode .. " tests/extrahost_aba.lua")
+      assert.is_true(ok, out)
+      assert.matches("wrong context in 0 of 2000", out)
+      assert.matches("extrahost aba: ok", out)
+    end
+  end)
+
   it("leaves the extra space to the module when the host does not use it", function()
     local ok, out = sh(exe .. " none tests/extrahost.lua")
     assert.is_true(ok, out)

@@ -41,14 +41,21 @@ static int co_create(lua_State *L) {
   lua_xmove(L, NL, 1);
   top = lua_gettop(L);
   s = ah_slot_of(L, st);
-  if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY] &&
-                (st->free_low >= 0 || st->free_high >= 0))) {
+  if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY])) {
     int ns, framed;
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
     if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
+    /* checked after the steps that allocate: their finalizers can take the
+    ** last free slot or enable a hook */
+    if (ah_unlikely((st->free_low < 0 && st->free_high < 0) ||
+                    st->nhooks[AH_INIT] || st->nhooks[AH_DESTROY])) {
+      lua_settop(L, top);
+      init_coroutine(L, st, top);
+      return 1;
+    }
     ns = ah_take_slot(L, st, NL, trigger);
     if (ah_likely(st->extra))
       ah_extra(NL) = (uintptr_t)ns;
@@ -166,7 +173,18 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
   status = lua_status(co);
   runs = status == LUA_YIELD || (status == LUA_OK && suspended(co));
   hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
-  if (hooks) emit_slice(L, st, AH_BEFORE, cs, co_idx);
+  if (hooks) {
+    lua_Integer id = st->slots[cs].base_id;
+    emit_slice(L, st, AH_BEFORE, cs, co_idx);
+    if (ah_unlikely(st->slots[cs].L != co || st->slots[cs].base_id != id)) {
+      /* the before hook closed co (its slot may be another thread's now):
+      ** after for its id, nothing from the slot */
+      lua_xmove(L, co, narg);
+      status = lua_resume(co, L, narg, &nres); /* cannot resume dead */
+      ah_emit_id(L, st, AH_AFTER, id);
+      return resumed(L, st, co, co_idx, -1, runs, 0, status, nres);
+    }
+  }
   lua_xmove(L, co, narg);
   st->active += runs;
   status = lua_resume(co, L, narg, &nres);

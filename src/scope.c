@@ -73,8 +73,17 @@ static int l_enter_scope(lua_State *L) {
 
 static int guard_close(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_guard *g = (ah_guard *)lua_touserdata(L, 1);
-  int s;
+  ah_guard *g;
+  int s, ok;
+  /* the metatable is reachable from Lua: check self is a guard */
+  ok = lua_getmetatable(L, 1);
+  if (ok) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_GUARD_MT);
+    ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+  }
+  if (!ok) return luaL_typeerror(L, 1, "async_hooks.scope");
+  g = (ah_guard *)lua_touserdata(L, 1);
   if (g->closed) return 0;
   g->closed = 1;
   if (!g->out) ah_emit_id(L, st, AH_AFTER, g->id);

@@ -316,6 +316,7 @@ static int cotok_gc(lua_State *L) {
   int s = tok->slot;
   if (s < 0 || st->closed) return 0;
   tok->slot = -1;
+  if (st->last_slot == s) st->last_slot = 0;
   if (!st->slots[s].destroyed) {
     st->slots[s].destroyed = 1;
     if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
@@ -334,6 +335,7 @@ static int sweep(lua_State *L, ah_state *st) {
     ah_slot *sl = &st->slots[i];
     if (!sl->L || sl->has_gc || sl->kind == AH_KMAIN) continue;
     if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TNIL) {
+      if (st->last_slot == i) st->last_slot = 0;
       clear(L, st, i);
       free_slot(st, i);
       freed++;
@@ -397,9 +399,12 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
 ** asyncId; its TH and F entries are the caller's to write. */
 int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
                  lua_Integer trigger) {
-  int s = alloc_slot(st);
-  ah_slot *sl = &st->slots[s];
-  (void)L;
+  int s;
+  ah_slot *sl;
+  if (ah_unlikely(st->free_low < 0 && st->free_high < 0)) /* never slot -1 */
+    luaL_error(L, "async_hooks: no free context slot");
+  s = alloc_slot(st);
+  sl = &st->slots[s];
   sl->L = co;
   sl->gctok = NULL;
   sl->has_gc = 0;
@@ -572,7 +577,16 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
   int s;
   if (!st->extra) { /* the host owns the extra space: a one-entry cache */
     s = st->last_slot;
-    if (s < st->cap && st->slots[s].L == L) return s;
+    /* slots[s].L can be a collected thread whose address L reuses (its
+    ** slot waits for a sweep): TH[s] (weak) is that thread itself */
+    if (s < st->cap && st->slots[s].L == L) {
+      int same;
+      lua_rawgeti(L, AH_UV_TH, s);
+      lua_pushthread(L);
+      same = lua_rawequal(L, -1, -2);
+      lua_pop(L, 2);
+      if (same) return s;
+    }
   }
   lua_pushthread(L);
   if (!st->extra && (s = ah_slot_find(L, st, L, -1)) > 0) {
