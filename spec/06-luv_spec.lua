@@ -9,13 +9,7 @@ local function run_loop()
   uv.run()
 end
 
-local function tmpfile(content)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(content)
-  f:close()
-  return path
-end
+local tmpfile = H.tmpfile
 
 describe("luv integration", function()
   local track, untrack = H.hook_tracker()

@@ -8,13 +8,7 @@ local uv = require("luv") -- on the main thread, before anything else
 local ah = require("async_hooks")
 local H = require("helpers")
 
-local function tmpfile(content)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(content)
-  f:close()
-  return path
-end
+local tmpfile = H.tmpfile
 
 -- the resource's fields other than `handle`, as a sorted "k=v" string
 local function fields(res)

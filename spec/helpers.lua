@@ -79,6 +79,15 @@ function H.raised_here(f)
   return err:sub(#where + 1)
 end
 
+--- A temporary file holding `content`; returns its path.
+function H.tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(content)
+  f:close()
+  return path
+end
+
 --- Full garbage collection, twice (finalizers, then what they freed).
 function H.gc()
   collectgarbage("collect")
