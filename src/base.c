@@ -18,17 +18,17 @@ void ah_add_funcs(lua_State *L, const luaL_Reg *l) {
   luaL_setfuncs(L, l, AH_NUP);
 }
 
-/* aux[aux_key] = a new metatable named name, whose __gc (if any) is gc with
-** the shared upvalues */
-void ah_new_metatable(lua_State *L, const char *name, lua_CFunction gc,
-                      int aux_key) {
+/* aux[aux_key] = a new metatable named name, whose metamethod `event`
+** (__gc, __close, ...; none when fn is NULL) is fn with the shared upvalues */
+void ah_new_metatable(lua_State *L, const char *name, const char *event,
+                      lua_CFunction fn, int aux_key) {
   lua_createtable(L, 0, 2);
   lua_pushstring(L, name);
   lua_setfield(L, -2, "__name");
-  if (gc) {
+  if (fn) {
     ah_push_shared(L);
-    lua_pushcclosure(L, gc, AH_NUP);
-    lua_setfield(L, -2, "__gc");
+    lua_pushcclosure(L, fn, AH_NUP);
+    lua_setfield(L, -2, event);
   }
   lua_rawseti(L, AH_UV_AUX, aux_key);
 }

@@ -145,8 +145,8 @@ enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
 /* base.c */
 void ah_push_shared(lua_State *L);
 void ah_add_funcs(lua_State *L, const luaL_Reg *l);
-void ah_new_metatable(lua_State *L, const char *name, lua_CFunction gc,
-                      int aux_key);
+void ah_new_metatable(lua_State *L, const char *name, const char *event,
+                      lua_CFunction fn, int aux_key);
 void ah_weak_table(lua_State *L, const char *mode, int narr);
 int ah_callable(lua_State *L, int idx);
 void ah_queue_destroy(ah_state *st, lua_Integer id);

@@ -420,11 +420,6 @@ void ah_open_hooks(lua_State *L) {
     lua_pushboolean(L, 0);
     lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + i - 1);
   }
-  lua_createtable(L, 0, 2);
-  lua_pushliteral(L, "async_hooks.gctoken");
-  lua_setfield(L, -2, "__name");
-  lua_pushcfunction(L, gctok_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_rawseti(L, AH_UV_AUX, AUX_GCTOK_MT);
+  ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
   ah_add_funcs(L, hook_funcs);
 }

@@ -162,12 +162,7 @@ static const luaL_Reg scope_funcs[] = {
 
 /* module table on top: the guard metatable, enter_scope */
 void ah_open_scope(lua_State *L) {
-  lua_createtable(L, 0, 2);
-  lua_pushliteral(L, "async_hooks.scope");
-  lua_setfield(L, -2, "__name");
-  ah_push_shared(L);
-  lua_pushcclosure(L, guard_close, AH_NUP);
-  lua_setfield(L, -2, "__close");
-  lua_rawseti(L, AH_UV_AUX, AUX_GUARD_MT);
+  ah_new_metatable(L, "async_hooks.scope", "__close", guard_close,
+                   AUX_GUARD_MT);
   ah_add_funcs(L, scope_funcs);
 }

@@ -707,8 +707,8 @@ void ah_open_slots(lua_State *L) {
   lua_pop(L, 1);
   st->extra = AH_EXTRA_FITS && host_extra_unused(st->mainL);
 
-  ah_new_metatable(L, "async_hooks.cotoken", cotok_gc, AUX_COTOK_MT);
-  ah_new_metatable(L, "async_hooks.anchors", pend_gc, AUX_PEND_MT);
+  ah_new_metatable(L, "async_hooks.cotoken", "__gc", cotok_gc, AUX_COTOK_MT);
+  ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);
   lua_createtable(L, AH_INLINE, 0);
   lua_rawseti(L, AH_UV_AUX, AUX_PEND);
   ah_weak_table(L, "k", 0);
