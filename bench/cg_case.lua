@@ -89,6 +89,38 @@ function cases.idle_chain()
   return "steps=" .. n
 end
 
+--- The request path of the HTTP benchmark without its socket: per request a
+-- coroutine (`wrap`), a value set in it (variant "value"; the others pass
+-- the id by hand), a 0 ms sleep on a new timer and a file read through the
+-- thread pool, each parked with the await idiom of examples/app.lua, then
+-- the value read back.  Requests run one after another.
+function cases.request()
+  local app = require("app")
+  local fd = app.data_fd(64)
+  local wrap = variant == "raw" and coroutine.wrap or ah.coroutine.wrap
+  local done, bad = 0, 0
+  local function one(id)
+    wrap(function()
+      if variant == "value" then v:set(id) end
+      app.sleep(0)
+      local _, data = app.await(function(k) uv.fs_read(fd, 64, 0, k) end)
+      local got = variant == "value" and v:get() or id
+      if got ~= id or #data ~= 64 then bad = bad + 1 end
+      done = done + 1
+    end)()
+  end
+  -- batches of 10 concurrent requests, each started from the main chunk
+  -- with nothing set (as a server's read callback starts them)
+  for b = 0, n - 1, 10 do
+    for id = b + 1, math.min(n, b + 10) do one(id) end
+    uv.run()
+  end
+  local left = n - done
+  uv.fs_close(fd)
+  assert(left == 0 and bad == 0, ("requests left %d, wrong %d"):format(left, bad))
+  return "requests=" .. n
+end
+
 --- resume/yield round trip of one coroutine.
 function cases.switch()
   local seen = "unset"
@@ -169,5 +201,5 @@ function cases.call()
 end
 
 local fn = assert(cases[case], "unknown case " .. tostring(case))
-local detail = with_value(fn)
+local detail = case == "request" and fn() or with_value(fn)
 io.stdout:write("CASE-OK ", tostring(detail), "\n")

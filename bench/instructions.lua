@@ -41,11 +41,16 @@ M.INFO = {
   { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
     "get", "installed", "cfloor", "installed" },
   { "`v:run(i, f)` vs `f(i)`", "run", "installed", "call", "installed" },
+  { "the HTTP request path without its socket (coroutine, sleep(0), fs read), nothing set",
+    "request", "installed", "request", "raw" },
+  { "the same, an AsyncLocal set per request (the HTTP AsyncLocal row's work)",
+    "request", "value", "request", "raw" },
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
 local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
-  get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000 }
+  get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
+  request = 2000 }
 
 local function key(case, variant) return case .. "/" .. variant end
 
