@@ -275,16 +275,61 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       assert.equal("captured", got)
     end)
 
-    it("are dropped when the coroutine ends or changes its frame", function()
+    it("are dropped when the coroutine ends, and hold the new frame when it sets a value", function()
       local v = AsyncLocal.new()
+      local weak = setmetatable({}, { __mode = "v" })
       local before = core.stats().pending_anchors
-      local c1, c2 = v:run(1, function()
-        return co.create(function() return v:get() end), co.create(function() v:set(2); co.yield(v:get()) end)
-      end)
+      local c1, c2
+      do
+        local old = { "old" }
+        weak.old = old
+        c1, c2 = v:run(old, function()
+          return co.create(function() return v:get()[1] end), co.create(function()
+            v:set({ "new" })
+            weak.new = v:get()
+            co.yield(v:get()[1])
+            return v:get()[1]
+          end)
+        end)
+      end
       assert.equal(before + 2, core.stats().pending_anchors)
-      assert.same({ true, 1 }, { co.resume(c1) })
-      assert.same({ true, 2 }, { co.resume(c2) })
-      assert.equal(before, core.stats().pending_anchors)
+      assert.same({ true, "old" }, { co.resume(c1) })
+      assert.equal(before + 1, core.stats().pending_anchors) -- c1 ended
+      assert.same({ true, "new" }, { co.resume(c2) })
+      -- set() in a coroutine without a key in the thread-keyed ephemeron
+      -- rewrites its deferred anchor (an array write, no new hash key)
+      assert.equal(before + 1, core.stats().pending_anchors)
+      H.gc() -- the old frame is held by nothing now; c2's new one by c2
+      assert.is_nil(weak.old)
+      assert.equal("new", weak.new[1])
+      assert.same({ true, "new" }, { co.resume(c2) })
+      assert.equal(0, core.stats().pending_anchors)
+    end)
+
+    it("keep a value set in a suspended coroutine alive, and only that one", function()
+      local v = AsyncLocal.new()
+      local weak = setmetatable({}, { __mode = "v" })
+      local c = co.create(function()
+        v:set({ "a" }) -- no local refers to the values
+        weak.a = v:get()
+        co.yield()
+        v:set({ "b" })
+        weak.b = v:get()
+        co.yield()
+        v:run(nil, function() co.yield(v:get()) end) -- the empty frame, restored after
+        return v:get()[1]
+      end)
+      assert.is_true(co.resume(c))
+      H.gc()
+      assert.equal("a", weak.a[1])
+      assert.is_true(co.resume(c))
+      H.gc()
+      assert.is_nil(weak.a)
+      assert.equal("b", weak.b[1])
+      assert.same({ true, nil }, { co.resume(c) })
+      H.gc()
+      assert.equal("b", weak.b[1])
+      assert.same({ true, "b" }, { co.resume(c) })
     end)
 
     it("do not keep an abandoned coroutine whose captured frame refers to it, nor its values", function()

@@ -170,22 +170,36 @@ static void unpend(lua_State *L, ah_state *st, int s) {
   st->npend--;
 }
 
+/* AUX_PEND[s] = the value at idx (absolute) */
+static void pend_write(lua_State *L, int s, int idx) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+}
+
+/* A slot whose frame is a deferred anchor (A_PEND) keeps it there: its
+** entry in AUX_PEND exists, so writing it cannot fail (the empty frame
+** is written as false, which keeps the entry). */
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
   if (idx < 0) idx = lua_absindex(L, idx);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
-    eph_set(L, st, AH_UV_T, thread_idx, idx); /* first: can fail */
-    if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
-    st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
-  } else if (st->slots[s].anchored & A_FRAME) {
     if (st->slots[s].anchored & A_PEND) {
-      unpend(L, st, s);
+      pend_write(L, s, idx);
+      st->slots[s].anchored |= A_FRAME;
     } else {
-      lua_pushboolean(L, 0);
-      eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
-      lua_pop(L, 1);
+      eph_set(L, st, AH_UV_T, thread_idx, idx); /* first: can fail */
+      st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
     }
+  } else if (st->slots[s].anchored & A_FRAME) {
+    lua_pushboolean(L, 0);
+    if (st->slots[s].anchored & A_PEND)
+      pend_write(L, s, lua_gettop(L));
+    else
+      eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
+    lua_pop(L, 1);
     st->slots[s].anchored &= ~A_FRAME;
   }
   lua_pushvalue(L, idx);
@@ -241,11 +255,26 @@ void ah_set_frame(lua_State *L, int s, int idx) {
 }
 
 /* the same for a frame at idx (absolute) that is not the empty one, for
-** callers that hold st already: anchor it (first: can fail), then F[s] */
+** callers that hold st already (set, run): anchor it (first: can fail),
+** then F[s].  A coroutine without a key in T gets a deferred anchor, as
+** at its creation (see ah_anchor_frame): an array write instead of a new
+** hash key per coroutine that sets a value. */
 void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
-  eph_set(L, st, AH_UV_T, 0, idx);
-  if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
-  st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
+  ah_slot *sl = &st->slots[s];
+  if (sl->anchored & A_PEND) {
+    pend_write(L, s, idx);
+  } else if (sl->kind != AH_KMAIN && !(sl->anchored & AKEY_FRAME)) {
+    ah_arm_anchors(L, st); /* can fail, can run finalizers */
+    pend_write(L, s, idx); /* a new entry beyond the array part: can fail */
+    if (!(sl->anchored & A_PEND)) { /* (unless a finalizer made it) */
+      sl->anchored |= A_PEND;
+      st->npend++;
+    }
+  } else {
+    eph_set(L, st, AH_UV_T, 0, idx);
+    sl->anchored |= AKEY_FRAME;
+  }
+  sl->anchored |= A_FRAME;
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++; /* every write of F[s] is counted (luv.c's rearm, dispatch) */
