@@ -93,8 +93,10 @@ end
 -- coroutine (`wrap`), a value set in it (variant "value"; the others pass
 -- the id by hand), a 0 ms sleep on a new timer and a file read through the
 -- thread pool, each parked with the await idiom of examples/app.lua, then
--- the value read back.  Requests run one after another.
-function cases.request()
+-- the value read back.  Requests run one after another, in batches of 10.
+-- request_coro, request_sleep and request_read do one part each (the
+-- coroutine and its value always), to split the cost up.
+local function request(sleep, read)
   local app = require("app")
   local fd = app.data_fd(64)
   local wrap = variant == "raw" and coroutine.wrap or ah.coroutine.wrap
@@ -102,8 +104,9 @@ function cases.request()
   local function one(id)
     wrap(function()
       if variant == "value" then v:set(id) end
-      app.sleep(0)
-      local _, data = app.await(function(k) uv.fs_read(fd, 64, 0, k) end)
+      if sleep then app.sleep(0) end
+      local data = ("x"):rep(64)
+      if read then data = select(2, app.await(function(k) uv.fs_read(fd, 64, 0, k) end)) end
       local got = variant == "value" and v:get() or id
       if got ~= id or #data ~= 64 then bad = bad + 1 end
       done = done + 1
@@ -120,6 +123,10 @@ function cases.request()
   assert(left == 0 and bad == 0, ("requests left %d, wrong %d"):format(left, bad))
   return "requests=" .. n
 end
+function cases.request() return request(true, true) end
+function cases.request_coro() return request(false, false) end
+function cases.request_sleep() return request(true, false) end
+function cases.request_read() return request(false, true) end
 
 --- resume/yield round trip of one coroutine.
 function cases.switch()
@@ -201,5 +208,5 @@ function cases.call()
 end
 
 local fn = assert(cases[case], "unknown case " .. tostring(case))
-local detail = case == "request" and fn() or with_value(fn)
+local detail = case:match("^request") and fn() or with_value(fn)
 io.stdout:write("CASE-OK ", tostring(detail), "\n")

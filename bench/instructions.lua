@@ -45,12 +45,16 @@ M.INFO = {
     "request", "installed", "request", "raw" },
   { "the same, an AsyncLocal set per request (the HTTP AsyncLocal row's work)",
     "request", "value", "request", "raw" },
+  { "its parts, value set vs nothing set: the coroutine and set() alone",
+    "request_coro", "value", "request_coro", "installed" },
+  { "... + sleep(0) on a new timer", "request_sleep", "value", "request_sleep", "installed" },
+  { "... + a file read instead", "request_read", "value", "request_read", "installed" },
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
 local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
-  request = 2000 }
+  request = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000 }
 
 local function key(case, variant) return case .. "/" .. variant end
 
