@@ -19,6 +19,8 @@ local ah = require("async_hooks")
 local raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield }
 local co = variant == "raw" and raw or ah.coroutine
 local v = ah.AsyncLocal.new()
+-- the floor cases' stand-in for v (an upvalue of the cases, as v is)
+local fv
 local VARIANTS = { raw = true, installed = true, value = true, hooks = true }
 assert(VARIANTS[variant], "unknown variant " .. tostring(variant))
 assert(n and n >= 1, "n must be a positive integer")
@@ -205,6 +207,89 @@ function cases.call()
   local f = function() end
   for i = 1, n do f(i) end
   return "calls=" .. n
+end
+
+--- fv: a floor's local made the way AsyncLocal.new makes v (the token at
+-- [1], name and default, get as an own field added afterwards)
+local function floor_local(F, tok)
+  fv = setmetatable({ tok, name = "", default = nil }, { __name = "floor local" })
+  fv.get = F.get
+  return fv
+end
+
+--- Floors (bench/floor.c, bench/README.md "Floors"): the cheapest code that
+-- still does a row's operation correctly, run as the row's own case under
+-- variant "raw" (the library loaded, not installed).  Each checks that its
+-- floor did the work (and refuses what a correct implementation must tell
+-- apart).  Returns a new floor state (the main thread holds its slot).
+local function new_floor()
+  assert(variant == "raw", "floors run under variant raw")
+  local U = require("util")
+  local so, f = U.FLOOR_SO, io.open(U.FLOOR_SO)
+  if f then f:close() else so = assert(U.build_floor()) end
+  return assert(package.loadlib(so, "luaopen_floor"))().new()
+end
+
+--- timer_chain with the floor of the luv integration, nothing set: `start`
+-- (and uv.timer_start) a wrapper that checks that nothing is set and calls
+-- luv's function at once; luv's cb_pcall one that checks the same, runs
+-- luv's own in the root context and restores.
+function cases.timer_chain_floor()
+  local F = new_floor()
+  local index = debug.getregistry().uv_timer.__index
+  assert(index.start == uv.timer_start)
+  local start = F.wrap(uv.timer_start)
+  index.start, uv.timer_start = start, start
+  F.luv_attach()
+  cases.timer_chain()
+  local wrapped, pcalls, slow = F.counts()
+  assert(wrapped == n and pcalls == n and slow == 0,
+    ("floor: %d wrapper calls, %d fast and %d slow callbacks for %d steps"):format(wrapped, pcalls, slow, n))
+  -- a registration made with a value set is not the floor's to make
+  F.set(F.token(), 1)
+  local ok, err = pcall(start, uv.new_timer(), 0, 0, function() end)
+  assert(not ok and err:match("untracked path"), "floor wrapper checked the frame")
+  return "steps=" .. n .. " (floor)"
+end
+
+--- switch with the floor of a resume: lcorolib's resume, the state pointer
+-- and the check that the coroutine's slot is its own; the coroutine reads
+-- the value set outside it through the floor's get.
+function cases.switch_floor()
+  local F = new_floor()
+  local tok = F.token()
+  F.set(tok, 1) -- the value set around the case (the row's variant "value")
+  floor_local(F, tok)
+  local seen = "unset"
+  local c = coroutine.create(function()
+    local y = coroutine.yield
+    seen = fv:get()
+    while true do y() end
+  end)
+  F.bind(c) -- what the library's create does: a slot, the creator's frame
+  local resume = F.resume
+  for _ = 1, n do resume(c) end
+  assert(seen == 1, ("coroutine saw %s, expected 1"):format(tostring(seen)))
+  local ok, err = pcall(resume, coroutine.create(function() end))
+  assert(not ok and err:match("not its own"), "floor resume checked the slot")
+  return "round trips=" .. n .. " (floor)"
+end
+
+--- get with the floor of a C get: self's type, the state pointer, the
+-- running thread's slot checked, F[slot], self[1], frame[token].  The
+-- object has get as an own field, as an AsyncLocal has.
+function cases.get_floor()
+  local F = new_floor()
+  local tok = F.token()
+  F.set(tok, 1)
+  floor_local(F, tok)
+  local x
+  for _ = 1, n do x = fv:get() end
+  assert(x == 1)
+  assert(not pcall(F.get, 1), "floor get checked self")
+  local ok, err = coroutine.resume(coroutine.create(function() return fv:get() end))
+  assert(not ok and err:match("not its own"), "floor get checked the slot")
+  return "calls=" .. n .. " (floor)"
 end
 
 local fn = assert(cases[case], "unknown case " .. tostring(case))

@@ -47,7 +47,7 @@ print("|---|---|---|---|")
 local missed = 0
 for _, r in ipairs(rows) do
   if not r.ok then missed = missed + 1 end
-  print(("| %s | %s | %s | %s |"):format(r.path, r.value, r.target, r.ok and "ok" or "missed"))
+  print(("| %s | %s | %s | %s |"):format(r.path, r.value, r.target, r.result or (r.ok and "ok" or "missed")))
 end
 print(("\n%d rows: %d ok, %d missed%s"):format(#rows, #rows - missed, missed,
   #failed > 0 and (", failed to run: " .. table.concat(failed, ", ")) or ""))

@@ -1,0 +1,347 @@
+/*
+** floor.c - bench-only: the cheapest code that still does three operations
+** of the library correctly, measured by bench/cg_case.lua the same way as
+** the library (the floors of three issue-9 rows, see bench/README.md).
+** Not part of the library; built by the bench (util.lua, build_floor) into
+** build/bench/floor.so with the library's compiler flags.  It does not link
+** liblua: the Lua API comes from the interpreter that loads it.
+**
+**  - get: a C get doing what a correct get must: the type check of self,
+**    the state pointer (light userdata upvalue), the running thread's slot
+**    from LUA_EXTRASPACE and the check that the slot is this thread's, then
+**    the three lookups F[slot], self[1] (the token) and frame[token]
+**    (default on nil).
+**  - resume: lcorolib's resume (the same code) plus the state pointer, the
+**    check that the coroutine's slot (from its LUA_EXTRASPACE) is its own
+**    and one test of the per-state word that says whether hooks are on.
+**  - luv, nothing set: a wrapper (a C closure over luv's own lua_CFunction)
+**    that finds the running thread's slot, sees that nothing would observe
+**    the registration (one per-state word: hooks, resources asked for,
+**    tracked registrations; and the slot's frame bit) and calls luv's
+**    function at once; and a cb_pcall (swapped in through
+**    registry["luv_context"], whose first three fields are {loop, L,
+**    cb_pcall}, as in src/luv.h) that finds the state (a one-entry cache),
+**    checks that the callback is a plain function and that the loop's
+**    thread has nothing set, runs luv's own cb_pcall in the root context
+**    (ids 0) and restores the ids.
+** What needs more than that (a thread whose slot is not its own, something
+** set, a hook) is refused or counted: the floor has only the fast paths,
+** and the cases check that they were taken.
+*/
+#include <stdint.h>
+#include <string.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FL_EXPORT __attribute__((visibility("default")))
+#define FL_NOINLINE __attribute__((noinline))
+#define fl_likely(x) __builtin_expect(((x) != 0), 1)
+#define fl_unlikely(x) __builtin_expect(((x) != 0), 0)
+#else
+#define FL_EXPORT
+#define FL_NOINLINE
+#define fl_likely(x) (x)
+#define fl_unlikely(x) (x)
+#endif
+
+/* the slot index lives in LUA_EXTRASPACE (it fits in every stock build) */
+typedef char fl_extra_fits[LUA_EXTRASPACE >= sizeof(uintptr_t) ? 1 : -1];
+#define fl_extra(L) (*(uintptr_t *)lua_getextraspace(L))
+
+/* ------------------------------------------------------------------- */
+/* the state: slots as the library keeps them (src/core.h, ah_slot)       */
+
+#define FL_CAP 64
+
+typedef struct fl_slot { /* the library's ah_slot layout (same stride) */
+  lua_State *L;
+  lua_Integer id, trigger, base_id, base_trigger;
+  void *gctok;
+  int next_free;
+  unsigned scopes;
+  unsigned char kind, destroyed, has_gc, anchored;
+} fl_slot;
+
+enum { FL_A_FRAME = 1 }; /* fl_slot.anchored: a frame is set */
+
+typedef int (*fl_pcall)(lua_State *L, int nargs, int nresults, int flags);
+
+typedef struct fl_state {
+  fl_slot *slots; /* a pointer and a capacity: the library's array can grow */
+  int cap;
+  int used;
+  /* luv: anything that makes a registration or a callback tracked (hooks
+  ** enabled, resources asked for, tracked registrations alive); never set
+  ** here, read where the library tests the same things */
+  unsigned busy;
+  fl_pcall luv_pcall; /* luv's own cb_pcall */
+  lua_Integer n_wrapped, n_pcalls, n_slow; /* the case checks these */
+  fl_slot inline_slots[FL_CAP];
+} fl_state;
+
+#define FL_ST lua_upvalueindex(1) /* light userdata: fl_state* */
+#define FL_F lua_upvalueindex(2)  /* slot -> frame {token -> value} */
+
+static int unbound(lua_State *L) {
+  return luaL_error(L, "floor: the thread's slot is not its own");
+}
+
+static int not_floor(lua_State *L) {
+  return luaL_error(L, "floor: only the untracked path is implemented");
+}
+
+/* get(self): see the top of the file */
+static int fl_get(lua_State *L) {
+  const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
+  uintptr_t s;
+  if (fl_unlikely(lua_type(L, 1) != LUA_TTABLE))
+    return luaL_typeerror(L, 1, "floor local");
+  s = fl_extra(L);
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  lua_rawgeti(L, FL_F, (lua_Integer)s); /* the frame */
+  lua_rawgeti(L, 1, 1);                 /* the token */
+  if (lua_rawget(L, -2) == LUA_TNIL) lua_getfield(L, 1, "default");
+  return 1;
+}
+
+/* lcorolib's auxresume and luaB_coresume (Lua 5.4), unchanged but for the
+** slot and hook checks in fl_resume */
+static int auxresume(lua_State *L, lua_State *co, int narg) {
+  int status, nres;
+  if (fl_unlikely(!lua_checkstack(co, narg))) {
+    lua_pushliteral(L, "too many arguments to resume");
+    return -1;
+  }
+  lua_xmove(L, co, narg);
+  status = lua_resume(co, L, narg, &nres);
+  if (fl_likely(status == LUA_OK || status == LUA_YIELD)) {
+    if (fl_unlikely(!lua_checkstack(L, nres + 1))) {
+      lua_pop(co, nres);
+      lua_pushliteral(L, "too many results to resume");
+      return -1;
+    }
+    lua_xmove(co, L, nres);
+    return nres;
+  }
+  lua_xmove(co, L, 1);
+  return -1;
+}
+
+static int fl_resume(lua_State *L) {
+  const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
+  lua_State *co = lua_tothread(L, 1);
+  uintptr_t s;
+  int r;
+  luaL_argexpected(L, co, 1, "coroutine");
+  s = fl_extra(co);
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == co)))
+    return unbound(L);
+  if (fl_unlikely(st->busy)) return not_floor(L); /* hooks: before/after */
+  r = auxresume(L, co, lua_gettop(L) - 1);
+  if (fl_unlikely(r < 0)) {
+    lua_pushboolean(L, 0);
+    lua_insert(L, -2);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  lua_insert(L, -(r + 1));
+  return r + 1;
+}
+
+/* bind(co): a slot of its own for the coroutine, with its creator's frame
+** (what the library's create does) */
+static int fl_bind(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  lua_State *co = lua_tothread(L, 1);
+  uintptr_t s = fl_extra(L);
+  int ns;
+  luaL_argexpected(L, co, 1, "coroutine");
+  if (!(s < (uintptr_t)st->cap && st->slots[s].L == L)) return unbound(L);
+  if (st->used >= st->cap) return luaL_error(L, "floor: out of slots");
+  ns = st->used++;
+  st->slots[ns].L = co;
+  fl_extra(co) = (uintptr_t)ns;
+  lua_rawgeti(L, FL_F, (lua_Integer)s);
+  lua_rawseti(L, FL_F, ns);
+  lua_pushinteger(L, ns);
+  return 1;
+}
+
+/* set(token, value): the running thread's frame becomes a new frame with
+** token -> value (the frame is copied, as the library's frames are
+** immutable) */
+static int fl_set(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  uintptr_t s = fl_extra(L);
+  luaL_checktype(L, 1, LUA_TUSERDATA);
+  lua_settop(L, 2);
+  if (!(s < (uintptr_t)st->cap && st->slots[s].L == L)) return unbound(L);
+  lua_newtable(L); /* 3 */
+  lua_rawgeti(L, FL_F, (lua_Integer)s); /* 4 */
+  lua_pushnil(L);
+  while (lua_next(L, 4)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, 3);
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_rawset(L, 3);
+  lua_rawseti(L, FL_F, (lua_Integer)s);
+  st->slots[s].anchored |= FL_A_FRAME;
+  return 0;
+}
+
+/* token(): a new token (a full userdata, as the library's) */
+static int fl_token(lua_State *L) {
+  *(unsigned *)lua_newuserdatauv(L, sizeof(unsigned), 0) = 0x41484c54u;
+  return 1;
+}
+
+/* ------------------------------------------------------------------- */
+/* luv                                                                   */
+
+typedef struct fl_luv_ctx { /* prefix of luv_ctx_t (src/luv.h) */
+  void *loop;
+  lua_State *L;
+  fl_pcall cb_pcall;
+} fl_luv_ctx;
+
+static const char fl_key = 0; /* registry[&fl_key]: the state luv runs in */
+/* the state of the thread luv last called back on: one entry, checked */
+static lua_State *cache_L;
+static fl_state *cache_st;
+
+typedef struct fl_fn {
+  lua_CFunction orig;
+  fl_state *st;
+} fl_fn;
+
+/* the wrapper of a luv function: see the top of the file */
+static int fl_wrapped(lua_State *L) {
+  const fl_fn *w = (const fl_fn *)lua_touserdata(L, lua_upvalueindex(1));
+  fl_state *st = w->st;
+  uintptr_t s = fl_extra(L);
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  if (fl_unlikely(st->busy || (st->slots[s].anchored & FL_A_FRAME)))
+    return not_floor(L);
+  st->n_wrapped++;
+  return w->orig(L);
+}
+
+/* wrap(f) -> the wrapper of luv's C function f (no upvalues) */
+static int fl_wrap(lua_State *L) {
+  lua_CFunction f = lua_tocfunction(L, 1);
+  fl_fn *w;
+  luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
+                   "C function without upvalues");
+  w = (fl_fn *)lua_newuserdatauv(L, sizeof(fl_fn), 0);
+  w->orig = f;
+  w->st = (fl_state *)lua_touserdata(L, FL_ST);
+  lua_pushcclosure(L, fl_wrapped, 1);
+  return 1;
+}
+
+/* what the fast path does not do: luv's own cb_pcall, counted */
+static FL_NOINLINE int slow_pcall(lua_State *L, int nargs, int nresults,
+                                     int flags) {
+  fl_state *st;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &fl_key);
+  st = (fl_state *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  st->n_slow++;
+  cache_L = L;
+  cache_st = st;
+  return st->luv_pcall(L, nargs, nresults, flags);
+}
+
+/* the cb_pcall replacement: see the top of the file */
+static int fl_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  fl_state *st = cache_st;
+  uintptr_t s = fl_extra(L);
+  lua_Integer pid, ptrig;
+  int ret;
+  if (fl_unlikely(L != cache_L || !(s < (uintptr_t)st->cap && st->slots[s].L == L) ||
+                  st->busy || (st->slots[s].anchored & FL_A_FRAME) ||
+                  lua_type(L, -(nargs + 1)) != LUA_TFUNCTION))
+    return slow_pcall(L, nargs, nresults, flags);
+  pid = st->slots[s].id;
+  ptrig = st->slots[s].trigger;
+  st->slots[s].id = st->slots[s].trigger = 0;
+  st->n_pcalls++;
+  ret = st->luv_pcall(L, nargs, nresults, flags);
+  if (fl_unlikely(st->slots[s].anchored & FL_A_FRAME)) st->n_slow++; /* set inside */
+  st->slots[s].id = pid;
+  st->slots[s].trigger = ptrig;
+  return ret;
+}
+
+/* luv_attach(): luv's cb_pcall becomes fl_cb_pcall, for this state */
+static int fl_luv_attach(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  fl_luv_ctx *ctx;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
+    return luaL_error(L, "floor: luv is not loaded");
+  ctx = (fl_luv_ctx *)lua_touserdata(L, -1);
+  if (ctx->cb_pcall == fl_cb_pcall) return luaL_error(L, "floor: attached already");
+  lua_getfield(L, lua_upvalueindex(3), "state");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &fl_key);
+  st->luv_pcall = ctx->cb_pcall;
+  ctx->cb_pcall = fl_cb_pcall;
+  cache_L = ctx->L;
+  cache_st = st;
+  return 0;
+}
+
+/* counts() -> wrapper calls, fast cb_pcall calls, slow ones */
+static int fl_counts(lua_State *L) {
+  const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
+  lua_pushinteger(L, st->n_wrapped);
+  lua_pushinteger(L, st->n_pcalls);
+  lua_pushinteger(L, st->n_slow);
+  return 3;
+}
+
+/* ------------------------------------------------------------------- */
+
+/* new() -> {get, resume, bind, set, token, wrap, luv_attach, counts,
+** state}: a state of its own; the calling thread (the main one) takes the
+** slot its extra space names, as the library's main thread does (slot 0:
+** Lua starts the extra space zeroed) */
+static int fl_new(lua_State *L) {
+  fl_state *st = (fl_state *)lua_newuserdatauv(L, sizeof(fl_state), 0); /* 1 */
+  uintptr_t s = fl_extra(L);
+  static const luaL_Reg fns[] = {
+    {"get", fl_get}, {"resume", fl_resume}, {"bind", fl_bind},
+    {"set", fl_set}, {"token", fl_token}, {"wrap", fl_wrap},
+    {"luv_attach", fl_luv_attach}, {"counts", fl_counts}, {NULL, NULL}
+  };
+  memset(st, 0, sizeof *st);
+  st->slots = st->inline_slots;
+  st->cap = FL_CAP;
+  if (s >= FL_CAP) return luaL_error(L, "floor: the main thread's extra space is in use");
+  st->slots[s].L = L;
+  st->used = (int)s + 1;
+  lua_createtable(L, 0, 9); /* 2: the functions */
+  lua_pushvalue(L, 1);
+  lua_setfield(L, 2, "state"); /* anchors the state */
+  lua_pushlightuserdata(L, st);
+  lua_createtable(L, FL_CAP, 0); /* F */
+  lua_newtable(L);
+  lua_rawseti(L, -2, (lua_Integer)s); /* the empty frame */
+  lua_pushvalue(L, 2);
+  luaL_setfuncs(L, fns, 3);
+  return 1;
+}
+
+FL_EXPORT int luaopen_floor(lua_State *L) {
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, fl_new);
+  lua_setfield(L, -2, "new");
+  return 1;
+}
