@@ -295,6 +295,15 @@ static int fl_luv_attach(lua_State *L) {
   ctx->cb_pcall = fl_cb_pcall;
   cache_L = ctx->L;
   cache_st = st;
+  { /* the library's registry warm-up (src/luv.c, warm_registry): any
+    ** implementation can have it, so the floor has it too */
+    int refs[32], i;
+    for (i = 0; i < 32; i++) {
+      lua_pushboolean(L, 0);
+      refs[i] = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    for (i = 31; i >= 0; i--) luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
+  }
   return 0;
 }
 

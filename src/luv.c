@@ -215,6 +215,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec),
                                           RV_N + (eager ? 0 : sp->nf));
   int rec = lua_gettop(L);
+  sp->lv->records = 1;
   r->lv = sp->lv;
   r->id = 0;
   r->trigger = st->slots[s].id;
@@ -377,9 +378,12 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
   ah_state *st = sp->lv->st;
-  int pos = find_callback(L, sp), nres, n, s;
+  int s = ah_slot_of(L, st), obs = observable(st, s), pos, nres, n;
   const ah_luv *lv;
-  if (pos && observable(st, s = ah_slot_of(L, st))) {
+  if (!obs && !st->handles)
+    return sp->orig(L); /* nothing to track, no tracked handle to end */
+  pos = find_callback(L, sp);
+  if (pos && obs) {
     lv = sp->lv;
     n = lua_gettop(L);
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
@@ -507,6 +511,25 @@ static ah_luv *luv_state(lua_State *L) {
   return lv;
 }
 
+/* luv keeps every callback as a registry reference (luaL_ref, reused last
+** freed first).  The library's own registry entries, made at install, push
+** the next fresh reference past the registry's array part, and a callback
+** re-armed step after step then keeps a reference in its hash part, where
+** each of luv's lookups costs about twice as much (about 90 instructions per
+** step of a timer chain, measured).  Taking AH_WARM_REFS fresh references
+** and freeing them, highest first, grows the array part over them and
+** leaves the lowest at the head of the free list, where luv finds them. */
+#define AH_WARM_REFS 32
+static void warm_registry(lua_State *L) {
+  int refs[AH_WARM_REFS], i;
+  for (i = 0; i < AH_WARM_REFS; i++) {
+    lua_pushboolean(L, 0);
+    refs[i] = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  for (i = AH_WARM_REFS - 1; i >= 0; i--)
+    luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
+}
+
 /* luv_attach(): take over luv's cb_pcall (idempotent) */
 static int l_luv_attach(lua_State *L) {
   ah_luv *lv;
@@ -519,6 +542,7 @@ static int l_luv_attach(lua_State *L) {
   lv->ctx = ctx;
   lv->orig = ctx->cb_pcall;
   ctx->cb_pcall = ah_luv_cb_pcall;
+  warm_registry(L);
   return 0;
 }
 

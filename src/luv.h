@@ -22,6 +22,7 @@ typedef struct ah_luv {
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
   int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
+  int records;        /* a record was made: a callback can be one */
   /* the record whose callback runs inline (dispatch_run), with the asyncId
   ** and slot it runs in: executionAsyncResource() finds it here */
   struct ah_rec *cur;

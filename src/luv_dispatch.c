@@ -585,7 +585,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_state *st;
   ah_rec *r;
   uintptr_t s;
-  int base = lua_gettop(L) - nargs, known, in_run;
+  int base, known, in_run;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
     lv = (ah_luv *)lua_touserdata(L, RUN_LV);
@@ -601,21 +601,25 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ** host owns it, the slow path finds the slot */
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
   known = s < (uintptr_t)st->cap && st->slots[s].L == L;
-  /* a plain function (no record closure was ever made): no record */
-  if (lv->closures && lua_tocfunction(L, base) == ah_luv_rec_fn1) {
-    /* a re-armed slot's closure (luv.c's rearm makes them, always with a
-    ** record of this state): luv runs the record from here on */
-    lua_getupvalue(L, base, 1);
-    r = (ah_rec *)lua_touserdata(L, -1);
-    lua_replace(L, base);
-  } else if (lua_type(L, base) != LUA_TFUNCTION || lv->closures) {
-    r = ah_luv_record(L, lv, base);
-  } else {
-    r = NULL;
+  /* no record: none was ever made (nothing was ever tracked), or a plain
+  ** function while no record closure was ever made */
+  r = NULL;
+  if (lv->records) {
+    int fi = lua_gettop(L) - nargs;
+    if (lv->closures && lua_tocfunction(L, fi) == ah_luv_rec_fn1) {
+      /* a re-armed slot's closure (luv.c's rearm makes them, always with
+      ** a record of this state): luv runs the record from here on */
+      lua_getupvalue(L, fi, 1);
+      r = (ah_rec *)lua_touserdata(L, -1);
+      lua_replace(L, fi);
+    } else if (lua_type(L, fi) != LUA_TFUNCTION || lv->closures) {
+      r = ah_luv_record(L, lv, fi);
+    }
   }
   if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
       !st->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
+  base = lua_gettop(L) - nargs;
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
