@@ -88,6 +88,21 @@ function H.tmpfile(content)
   return path
 end
 
+--- Run f with no collection at all: the collector stopped and the GC
+-- stress runs' step hook (spec/support/gcstress.lua) off, for checks that
+-- count what the next collection would change.  Coroutines created inside
+-- f do not get the hook.
+function H.no_gc(f, ...)
+  local hook, mask, count = debug.gethook()
+  local running = collectgarbage("isrunning")
+  debug.sethook()
+  collectgarbage("stop")
+  local ok, err = pcall(f, ...)
+  if running then collectgarbage("restart") end
+  if hook then debug.sethook(hook, mask, count) end
+  if not ok then error(err, 0) end
+end
+
 --- Full garbage collection, twice (finalizers, then what they freed).
 function H.gc()
   collectgarbage("collect")
