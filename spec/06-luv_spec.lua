@@ -917,6 +917,45 @@ describe("luv integration", function()
     assert.equal("b\ttable\tfalse\na\ttimer_start\ttrue\n", out)
   end)
 
+  it("a callback keeps its frame when a nested callback re-arms its registration and the collector runs", function()
+    -- the frame a callback runs in is held by the dispatch itself, not by
+    -- the thread's anchor: here nothing else holds {"a"} once b re-armed a
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local a, b = uv.new_timer(), uv.new_timer()
+      local step = 0
+      local function afn()
+        step = step + 1
+        if step == 1 then
+          uv.run("nowait") -- b fires here and re-arms a in its own context
+          collectgarbage()
+          collectgarbage()
+          print("a", v:get()[1])
+        else
+          print("a again", v:get()[1])
+          a:close()
+        end
+      end
+      v:run({ "a" }, function() a:start(0, 0, afn) end)
+      v:run({ "b" }, function()
+        b:start(0, 0, function()
+          a:start(0, 0, afn)
+          b:close()
+          collectgarbage()
+          print("b", v:get()[1])
+        end)
+      end)
+      uv.run()
+      print("top", v:get())
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    -- a, re-armed with 0 ms inside the nested run, fires again inside it
+    assert.equal("b\tb\na again\tb\na\ta\ntop\tnil\n", out)
+  end)
+
   it("a callback re-armed from itself after an init hook was enabled keeps its own resource", function()
     local code, out, err = H.run_lua([[
       local uv = require("luv")

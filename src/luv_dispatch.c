@@ -293,7 +293,7 @@ int ah_luv_rec_call(lua_State *L) {
 ** on the stack), and a record that has none yet is found through lv->cur
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
-enum { D_PRES = 1, D_PFRAME, D_RES, D_NSAVED = D_RES };
+enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
 /* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
@@ -334,16 +334,31 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
   if (r && (r->flags & REC_RES)) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
+  if (r)
+    lua_getiuservalue(L, base, RV_FRAME);
+  else if (had & A_FRAME)
+    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  else
+    lua_pushnil(L);
   if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
-  /* switch (hook errors end the process) */
+  /* switch (hook errors end the process).  The frame entered is kept
+  ** alive by its stack slot (D_FRAME) for as long as the callback runs, so
+  ** the switch writes F[s] only: the thread's anchor keeps the previous
+  ** frame, and the leave restores F[s] alone when nothing else wrote it
+  ** meanwhile (any other write goes through set_frame_of, which anchors,
+  ** and counts in st->fgen: then the leave restores in full) */
   st->slots[s].id = id;
   st->slots[s].trigger = r ? r->trigger : 0;
   if (r) {
     if (r->frame != lua_topointer(L, pframe)) {
-      lua_getiuservalue(L, base, RV_FRAME);
-      ah_set_frame(L, s, -1);
-      lua_pop(L, 1);
+      lua_pushvalue(L, base + D_FRAME);
+      lua_rawseti(L, AH_UV_F, s);
+      st->fgen++;
+      if (r->frame != st->empty)
+        st->slots[s].anchored |= A_FRAME;
+      else
+        st->slots[s].anchored &= ~A_FRAME;
       switched = 1;
     }
     if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
@@ -363,9 +378,14 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     st->active += 2; /* the callback, and its entry in st->cb */
     if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
   } else {
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     lua_pushboolean(L, 0);
-    if (had & A_FRAME) { ah_set_frame(L, s, -2); switched = 1; }
+    if (had & A_FRAME) { /* the root context: the empty frame */
+      lua_pushvalue(L, base + D_FRAME);
+      lua_rawseti(L, AH_UV_F, s);
+      st->fgen++;
+      st->slots[s].anchored &= ~A_FRAME;
+      switched = 1;
+    }
     lv->cur = NULL;
     lv->cur_id = 0;
     lv->cur_slot = s;
@@ -377,7 +397,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
     }
-    lua_pop(L, 2);
+    lua_pop(L, 1);
     st->active++;
   }
   fgen = st->fgen;
@@ -403,9 +423,19 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   lv->cur_id = pcur_id;
   lv->cur_slot = pcur_slot;
   lv->cur_wrote = pcur_wrote;
-  /* the frame: unchanged when nothing wrote one (F[s] of the thread that
-  ** runs the loop is written only through set_frame_of, which counts) */
-  if (switched || st->fgen != fgen) {
+  /* the frame: unchanged when nothing wrote one; only F[s] when only the
+  ** switch above did (the thread's anchor still holds the previous frame);
+  ** else in full (F[s] of the thread that runs the loop is written only
+  ** here and through set_frame_of, which anchors; both count) */
+  if (st->fgen == fgen) {
+    if (switched) {
+      lua_pushvalue(L, pframe);
+      lua_rawseti(L, AH_UV_F, s);
+      st->fgen++;
+      st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
+                                              (had & A_FRAME));
+    }
+  } else {
     lua_rawgeti(L, AH_UV_F, s);
     if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
     lua_pop(L, 1);
