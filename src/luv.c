@@ -48,13 +48,19 @@ const char ah_luv_key = 0;
 
 /* push what the handle at h keeps for slot (the record, or its closure)
 ** and the record itself above it; returns the record.  NULL: only nil was
-** pushed. */
+** pushed (*closure is -1 when the handle keeps nothing at all). */
 static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
                         int *closure) {
   ah_rec *r;
-  if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
-    lua_rawgeti(L, -1, slot);
-    lua_remove(L, -2);
+  switch (lua_getiuservalue(L, h, 1)) {
+    case LUA_TNIL: /* nothing kept (a fresh handle) */
+      *closure = -1;
+      return NULL;
+    case LUA_TTABLE:
+      lua_rawgeti(L, -1, slot);
+      lua_remove(L, -2);
+      break;
+    default: break;
   }
   if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
     lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
@@ -75,10 +81,14 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
 }
 
 /* make room for slot in the handle at h (no record there yet), so that
-** slot_set cannot fail; 0 if the user value is not ours; allocates */
+** slot_set cannot fail; 0 if the user value is not ours, SLOT_NIL if it is
+** nil (slot_set then need not read it again); allocates */
+#define SLOT_NIL 2
 static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
   int t = lua_getiuservalue(L, h, 1), ok = 1;
-  if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
+  if (t == LUA_TNIL) {
+    ok = SLOT_NIL;
+  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *other = ah_luv_record(L, lv, -1);
     if (!other) {
       ok = 0;
@@ -95,8 +105,16 @@ static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
   return ok;
 }
 
-/* the record at rec is the registration of (h, slot); room was made */
-static void slot_set(lua_State *L, ah_state *st, int h, int slot, int rec) {
+/* the record at rec is the registration of (h, slot); room was made
+** (reserved: what slot_reserve returned) */
+static void slot_set(lua_State *L, ah_state *st, int h, int slot, int rec,
+                     int reserved) {
+  if (reserved == SLOT_NIL) {
+    lua_pushvalue(L, rec);
+    lua_setiuservalue(L, h, 1);
+    st->handles++;
+    return;
+  }
   if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
     lua_pushvalue(L, rec);
     lua_rawseti(L, -2, slot);
@@ -108,13 +126,17 @@ static void slot_set(lua_State *L, ah_state *st, int h, int slot, int rec) {
   lua_pop(L, 1);
 }
 
-/* the registration of the record at the top ends: its destroy; pops it */
-static void ended(lua_State *L, ah_state *st, const ah_luv *lv) {
-  ah_rec *r = ah_luv_record(L, lv, -1);
+/* the registration of r ends: its destroy */
+static void rec_ended(ah_state *st, ah_rec *r) {
   if (r && (r->flags & REC_DESTROY)) {
     r->flags &= (unsigned char)~REC_DESTROY;
     if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, r->id);
   }
+}
+
+/* the same for the record at the top; pops it */
+static void ended(lua_State *L, ah_state *st, const ah_luv *lv) {
+  rec_ended(st, ah_luv_record(L, lv, -1));
   lua_pop(L, 1);
 }
 
@@ -136,8 +158,7 @@ static void slot_drop(lua_State *L, ah_state *st, const ah_luv *lv, int h,
   } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *r = ah_luv_record(L, lv, -1);
     if (r && (!slot || r->spec->slot == slot)) {
-      lua_pushvalue(L, -1);
-      ended(L, st, lv);
+      rec_ended(st, r);
       lua_pushnil(L);
       lua_setiuservalue(L, h, 1);
       if (st->handles > 0) st->handles--;
@@ -326,9 +347,10 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   return nres;
 }
 
-/* a new record takes the callback's place; stack: the n arguments */
+/* a new record takes the callback's place; stack: the n arguments (fresh:
+** the handle at 1 keeps nothing, as its user value was just read) */
 static int track(lua_State *L, ah_state *st, const ah_luv *lv,
-                 const ah_spec *sp, int s, int n, int pos) {
+                 const ah_spec *sp, int s, int n, int pos, int fresh) {
   int nres, rec;
   int handle_idx = sp->kind != W_CREATE && sp->kind != W_WORK &&
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
@@ -336,7 +358,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   ah_rec *r;
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
-  if (keep) keep = slot_reserve(L, lv, 1, sp->slot);
+  if (keep) keep = fresh ? SLOT_NIL : slot_reserve(L, lv, 1, sp->slot);
   r = new_record(L, st, sp, pos, s, handle_idx, n); /* n+1 */
   if (sp->fn) {
     sp->lv->closures = 1;
@@ -357,7 +379,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
     return nres;
   }
   if (keep) {
-    slot_set(L, st, 1, sp->slot, rec);
+    slot_set(L, st, 1, sp->slot, rec, keep);
   } else if (sp->kind == W_CLOSE && st->handles && handle_idx) {
     slot_drop(L, st, lv, 1, 0);
   } else if (sp->kind == W_CREATE && nres > 0 &&
@@ -367,8 +389,9 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
     lua_pushvalue(L, handle_idx);
     lua_setfield(L, -2, "handle"); /* the key exists */
     lua_pop(L, 1);
-    if (slot_reserve(L, lv, handle_idx, sp->slot)) /* a fresh handle: */
-      slot_set(L, st, handle_idx, sp->slot, rec);  /* no allocation */
+    int reserved = slot_reserve(L, lv, handle_idx, sp->slot);
+    if (reserved) /* a fresh handle: no allocation */
+      slot_set(L, st, handle_idx, sp->slot, rec, reserved);
   }
   registered(L, st, r, rec, handle_idx);
   lua_pop(L, 1);
@@ -386,13 +409,13 @@ static int wrapped(lua_State *L) {
   if (pos && obs) {
     lv = sp->lv;
     n = lua_gettop(L);
+    int closure = 0;
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
-      int closure;
       ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
       if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
     }
-    return track(L, st, lv, sp, s, n, pos);
+    return track(L, st, lv, sp, s, n, pos, closure == -1);
   }
   if (!st->handles || !(sp->kind == W_CLOSE || (pos && sp->kind == W_HANDLE)) ||
       lua_type(L, 1) != LUA_TUSERDATA)
