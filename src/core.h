@@ -97,6 +97,8 @@ typedef struct ah_state {
   int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */
+  int watched;               /* a hook is enabled or res_on: every luv
+                             ** registration is observable (luv.c) */
   unsigned fgen;             /* counts writes of F[s], any slot s */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */

@@ -69,6 +69,8 @@ static void commit(lua_State *L, ah_state *st) {
   }
   lua_pop(L, 1);
   st->dirty = 0;
+  st->watched = st->res_on || st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] ||
+                st->nhooks[AH_AFTER] || st->nhooks[AH_DESTROY];
   if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
 }
 

@@ -171,8 +171,7 @@ static void slot_drop(lua_State *L, ah_state *st, const ah_luv *lv, int h,
 /* registration wrappers                                                 */
 
 static int observable(ah_state *st, int s) {
-  return st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER] ||
-         st->nhooks[AH_DESTROY] || st->res_on || (st->slots[s].anchored & A_FRAME);
+  return st->watched || (st->slots[s].anchored & A_FRAME);
 }
 
 /* the position of the callback argument, or 0 (a synchronous call) */

@@ -681,7 +681,7 @@ static int l_trigger_id(lua_State *L) {
 
 static int l_execution_resource(lua_State *L) {
   ah_state *st = ah_st(L);
-  st->res_on = 1;
+  st->res_on = st->watched = 1;
   ah_push_resource(L, st, ah_slot_of(L, st));
   return 1;
 }
