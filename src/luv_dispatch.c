@@ -610,6 +610,7 @@ static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
 
 /* Every luv callback comes through here (see the top of the file). */
 #define RUN_MARK lua_upvalueindex(AH_NUP + 2)
+#define RUN_LVP lua_upvalueindex(AH_NUP + 3) /* RUN_LV as a light pointer */
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
   ah_state *st;
@@ -618,7 +619,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   int base, known, in_run;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
-    lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+    lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
   } else {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
     lv = (ah_luv *)lua_touserdata(L, -1);
