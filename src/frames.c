@@ -103,23 +103,26 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
     lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
   }
   fr = lua_gettop(L);
-  lua_pushvalue(L, tok);
-  had = lua_rawget(L, fr) != LUA_TNIL;
-  if (had && (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
-                                : lua_rawequal(L, -1, val))) {
-    lua_pushvalue(L, fr);
-    lua_replace(L, -2);
-    return 0;
-  }
-  lua_pop(L, 1);
   p = lua_topointer(L, fr);
-  if (p == st->lastf) /* the frame made last: its size is known */
-    n = st->lastn;
-  else if (p != st->empty) {
-    lua_pushnil(L);
-    while (lua_next(L, fr)) {
-      n++;
-      lua_pop(L, 1);
+  had = 0;
+  if (p != st->empty) { /* (the empty frame: nothing to look up or copy) */
+    lua_pushvalue(L, tok);
+    had = lua_rawget(L, fr) != LUA_TNIL;
+    if (had && (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
+                                  : lua_rawequal(L, -1, val))) {
+      lua_pushvalue(L, fr);
+      lua_replace(L, -2);
+      return 0;
+    }
+    lua_pop(L, 1);
+    if (p == st->lastf) { /* the frame made last: its size is known */
+      n = st->lastn;
+    } else {
+      lua_pushnil(L);
+      while (lua_next(L, fr)) {
+        n++;
+        lua_pop(L, 1);
+      }
     }
   }
   lua_createtable(L, 0, n + !had);
