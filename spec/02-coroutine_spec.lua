@@ -309,6 +309,61 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
       assert.equal(0, core.stats().pending_anchors)
     end)
 
+    it("a set() whose anchoring runs finalizers that move the slot array keeps its slot's state", function()
+      -- set() in a coroutine with no anchor yet arms the per-cycle sentinel,
+      -- an allocation that can run finalizers; a coroutine token's
+      -- finalizer can free the last heap slot and move the slot array back
+      -- inline.  Collector steps are lined up with that allocation over a
+      -- range of paddings (a fresh process: it retunes the collector).
+      local code, out, err = H.run_lua([==[
+local ah = require("async_hooks")
+local core = require("async_hooks.core")
+local cc = core.coro
+local v = ah.AsyncLocal.new { default = "default" }
+ah.createHook { destroy = function() end }:enable() -- coroutines get finalizer tokens
+local bad = 0
+for K = 0, 240, 2 do
+  for S = 10, 30, 10 do
+    local co_main = cc.create(function()
+      v:set("x")
+      local child = cc.create(function() coroutine.yield(); return v:get() end)
+      cc.resume(child)
+      v:set("y")
+      coroutine.yield(child)
+    end)
+    local fillers = {}
+    for i = 1, 61 do fillers[i] = cc.create(function() end) end
+    local H = {}
+    for i = 1, 8 do H[i] = cc.create(function() coroutine.yield() end); cc.resume(H[i]) end
+    for i = 1, 61 do cc.resume(fillers[i]) end
+    collectgarbage(); collectgarbage()
+    collectgarbage("stop")
+    H = nil
+    local yflag = false
+    local Y = {}
+    for i = 1, 10 do Y[i] = setmetatable({}, { __gc = function() yflag = true end }) end
+    Y = nil
+    collectgarbage("incremental", 1, S, 1)
+    collectgarbage("restart")
+    repeat collectgarbage("step", 0) until yflag
+    local pad = string.rep("a", K) -- luacheck: ignore
+    local _, child = coroutine.resume(co_main)
+    local pa = core.stats().pending_anchors
+    collectgarbage("incremental", 200, 100, 13)
+    collectgarbage(); collectgarbage(); collectgarbage()
+    local ok, got = cc.resume(child)
+    if pa ~= 1 or not ok or got ~= "x" then bad = bad + 1 end
+    cc.resume(co_main)
+    collectgarbage(); collectgarbage()
+  end
+end
+print("bad", bad)
+]==])
+      assert.equal("", err)
+      assert.equal(0, code)
+      assert.equal("bad\t0\n", out)
+    end)
+
     it("keep a value set in a suspended coroutine alive, and only that one", function()
       local v = AsyncLocal.new()
       local weak = setmetatable({}, { __mode = "v" })

@@ -956,6 +956,27 @@ describe("luv integration", function()
     assert.equal("b\tb\na again\tb\na\ta\ntop\tnil\n", out)
   end)
 
+  it("a before hook that writes a frame does not leave the caller's frame unanchored", function()
+    local code, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "default" }
+      local w = ah.AsyncLocal.new()
+      ah.createHook { before = function(id) w:run(id, function() end) end }:enable()
+      v:set({ "top" }) -- the main thread's frame: held by its anchor only
+      local t = uv.new_timer()
+      v:run("cb", function() t:start(0, 0, function() print("cb", v:get()); t:close() end) end)
+      uv.run()
+      collectgarbage()
+      collectgarbage()
+      local got = v:get()
+      print("after", type(got) == "table" and got[1] or got)
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("cb\tcb\nafter\ttop\n", out)
+  end)
+
   it("a callback re-armed from itself after an init hook was enabled keeps its own resource", function()
     local code, out, err = H.run_lua([[
       local uv = require("luv")

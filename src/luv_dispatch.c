@@ -361,6 +361,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
         st->slots[s].anchored &= ~A_FRAME;
       switched = 1;
     }
+    fgen = st->fgen; /* before the before hook, which may write a frame */
     if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
     lv->cur = r;
     lv->cur_id = id;
@@ -386,6 +387,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
       st->slots[s].anchored &= ~A_FRAME;
       switched = 1;
     }
+    fgen = st->fgen;
     lv->cur = NULL;
     lv->cur_id = 0;
     lv->cur_slot = s;
@@ -400,7 +402,6 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lua_pop(L, 1);
     st->active++;
   }
-  fgen = st->fgen;
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore */
   if (st->cb_n != depth + (r != NULL)) {

@@ -264,7 +264,8 @@ void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
   if (sl->anchored & A_PEND) {
     pend_write(L, s, idx);
   } else if (sl->kind != AH_KMAIN && !(sl->anchored & AKEY_FRAME)) {
-    ah_arm_anchors(L, st); /* can fail, can run finalizers */
+    ah_arm_anchors(L, st); /* can fail, can run finalizers, */
+    sl = &st->slots[s];    /* which can move the slot array (maybe_shrink) */
     pend_write(L, s, idx); /* a new entry beyond the array part: can fail */
     if (!(sl->anchored & A_PEND)) { /* (unless a finalizer made it) */
       sl->anchored |= A_PEND;
