@@ -399,18 +399,16 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   return nres;
 }
 
-static int wrapped(lua_State *L) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPECP);
-  ah_state *st = sp->lv->st;
-  int s = ah_slot_of(L, st), obs = observable(st, s), pos, nres, n;
+/* the rest of wrapped(): something observes the registration, or a
+** tracked handle registration may end here */
+static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
+                                       ah_state *st, int s, int obs) {
+  int pos = find_callback(L, sp), nres, n;
   const ah_luv *lv;
-  if (!obs && !st->handles)
-    return sp->orig(L); /* nothing to track, no tracked handle to end */
-  pos = find_callback(L, sp);
   if (pos && obs) {
+    int closure = 0;
     lv = sp->lv;
     n = lua_gettop(L);
-    int closure = 0;
     if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
       ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
       if (r) return rearm(L, st, sp, s, n, pos, r, closure);
@@ -430,6 +428,19 @@ static int wrapped(lua_State *L) {
   lv = sp->lv;
   slot_drop(L, st, lv, 1, sp->kind == W_CLOSE ? 0 : sp->slot);
   return nres;
+}
+
+/* The stand-in for a callback-taking luv function.  When nothing can
+** observe the registration and no tracked handle registration exists, it
+** is luv's function and a few tests (a small frame of its own: the rest is
+** in wrapped_tracked). */
+static int wrapped(lua_State *L) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPECP);
+  ah_state *st = sp->lv->st;
+  int s = ah_slot_of(L, st), obs = observable(st, s);
+  if (ah_likely(!obs && !st->handles))
+    return sp->orig(L); /* nothing to track, no tracked handle to end */
+  return wrapped_tracked(L, sp, st, s, obs);
 }
 
 static ah_luv *luv_state(lua_State *L);
