@@ -389,6 +389,48 @@ describe("createHook", function()
   end)
 end)
 
+describe("hooks of a coroutine slice", function()
+  -- before/after run with the coroutine's resource current; the resumer's
+  -- own resource, held by its thread's anchor only, is back afterwards,
+  -- also when the hook wrote a resource anchor and the collector ran
+  it("restore the resumer's resource, which stays alive", function()
+    local code, out, err = H.run_lua([==[
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local seen = {}
+ah.createHook {
+  before = function()
+    seen.before = ah.executionAsyncResource()
+    if seen.write and not seen.busy then
+      seen.busy = true
+      ah.AsyncResource.new("X"):runInAsyncScope(function() end)
+      seen.busy = false
+    end
+    collectgarbage()
+    collectgarbage()
+  end,
+  after = function() seen.after = ah.executionAsyncResource() end,
+}:enable()
+local outer = co.create(function()
+  ah.executionAsyncResource().mark = "outer" -- held by the thread's anchor only
+  for _, write in ipairs { false, true } do
+    seen.write = write
+    local inner = co.create(function() seen.inside = ah.executionAsyncResource(); co.yield() end)
+    co.resume(inner)
+    print(write, seen.before == seen.inside, seen.after == seen.inside, seen.inside.thread == inner)
+    collectgarbage()
+    collectgarbage()
+    print(write, ah.executionAsyncResource().mark)
+  end
+end)
+print(co.resume(outer))
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("false\ttrue\ttrue\ttrue\nfalse\touter\ntrue\tfalse\ttrue\ttrue\ntrue\touter\ntrue\n", out)
+  end)
+end)
+
 describe("fatal hook errors", function()
   for _, kind in ipairs { "init", "before", "after", "destroy" } do
     it("an error in " .. kind .. " prints it with a traceback and exits with status 1", function()

@@ -100,6 +100,7 @@ typedef struct ah_state {
   int watched;               /* a hook is enabled or res_on: every luv
                              ** registration is observable (luv.c) */
   unsigned fgen;             /* counts writes of F[s], any slot s */
+  unsigned rgen;             /* counts writes of resource anchors (AUX_TR) */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */

@@ -108,25 +108,49 @@ static int guard_close(lua_State *L) {
 }
 
 /* emit a hook of `kind` for id as if running in (id, trigger, resource):
-** the current thread's ids and resource are switched around the dispatch */
+** the current thread's ids and resource are switched around the dispatch.
+** Both resources stay on the stack meanwhile, so the switch writes R[s]
+** only (no anchor write, nothing allocated): the thread's anchor keeps the
+** previous one, and R[s] alone is restored unless something wrote a
+** resource anchor meanwhile (counted in st->rgen: then in full). */
 void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
                 lua_Integer trigger, int res_idx) {
-  int s;
+  int s, had;
+  unsigned rgen;
   lua_Integer pid, ptrig;
   if (!st->nhooks[kind]) return;
   res_idx = lua_absindex(L, res_idx);
   luaL_checkstack(L, 4, "async_hooks");
   s = ah_slot_of(L, st);
+  /* first (can fail): the thread's anchor keys, so that the full restore
+  ** below cannot allocate */
+  if ((st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) != (AKEY_FRAME | AKEY_RES))
+    ah_reserve(L, s);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
-  lua_rawgeti(L, AH_UV_R, s);
-  ah_set_resource(L, s, res_idx);
+  had = st->slots[s].anchored & A_RES;
+  lua_rawgeti(L, AH_UV_R, s); /* the previous resource */
+  if (lua_isnil(L, res_idx) || (lua_isboolean(L, res_idx) && !lua_toboolean(L, res_idx))) {
+    lua_pushboolean(L, 0); /* R[s] holds false for none */
+    st->slots[s].anchored &= ~A_RES;
+  } else {
+    lua_pushvalue(L, res_idx);
+    st->slots[s].anchored |= A_RES;
+  }
+  lua_rawseti(L, AH_UV_R, s);
+  rgen = st->rgen;
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
   ah_emit_id(L, st, kind, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
-  ah_set_resource(L, s, -1);
+  if (st->rgen == rgen) {
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, AH_UV_R, s);
+    st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_RES) | had);
+  } else {
+    ah_set_resource(L, s, -1);
+  }
   lua_pop(L, 1);
 }
 

@@ -214,6 +214,7 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
   idx = lua_absindex(L, idx);
   none = lua_isnil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx));
   if (!none || (st->slots[s].anchored & A_RES)) {
+    st->rgen++; /* (scope.c's ah_emit_as relies on the count) */
     if (none) {
       lua_pushboolean(L, 0);
       aux_eph_set(L, AUX_TR, thread_idx, -1);
@@ -242,6 +243,7 @@ void ah_reserve(lua_State *L, int s) {
     st->slots[s].anchored |= AKEY_FRAME;
   }
   if (!(st->slots[s].anchored & AKEY_RES)) {
+    st->rgen++;
     lua_pushboolean(L, 0);
     aux_eph_set(L, AUX_TR, 0, -1);
     lua_pop(L, 1);
