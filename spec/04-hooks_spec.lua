@@ -431,6 +431,43 @@ print(co.resume(outer))
   end)
 end)
 
+describe("an after hook that closes the coroutine that just returned", function()
+  it("gives its slot back once and destroys it once", function()
+    local code, out, err = H.run_lua([[
+      local ah = require("async_hooks").install()
+      local co = ah.coroutine
+      local target, destroyed = nil, {}
+      ah.createHook {
+        after = function()
+          if target then
+            local t = target
+            target = nil
+            assert(co.close(t))
+          end
+        end,
+        destroy = function(id) destroyed[#destroyed + 1] = id end,
+      }:enable()
+      local id
+      local c = co.create(function() id = ah.executionAsyncId(); return 1 end)
+      target = c
+      print(co.resume(c))
+      -- two new coroutines get two slots (a slot given back twice would be
+      -- handed out twice)
+      local a = co.create(function() co.yield(ah.executionAsyncId()) end)
+      local b = co.create(function() co.yield(ah.executionAsyncId()) end)
+      local _, ia = co.resume(a)
+      local _, ib = co.resume(b)
+      print(ia ~= ib, co.status(a), co.status(b), co.resume(a), co.resume(b))
+      local n = 0
+      for _, d in ipairs(destroyed) do if d == id then n = n + 1 end end
+      print("destroyed", n)
+    ]])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\t1\ntrue\tsuspended\tsuspended\ttrue\ttrue\ndestroyed\t1\n", out)
+  end)
+end)
+
 describe("fatal hook errors", function()
   for _, kind in ipairs { "init", "before", "after", "destroy" } do
     it("an error in " .. kind .. " prints it with a traceback and exits with status 1", function()

@@ -187,6 +187,7 @@ void ah_set_resource(lua_State *L, int s, int idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);
+void ah_reserve_res(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
 void ah_open_slots(lua_State *L);

@@ -140,11 +140,17 @@ static int take_results(lua_State *L, lua_State *co, int status, int nres) {
 static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
                                int co_idx, int cs, int runs, int hooks,
                                int status, int nres) {
+  lua_Integer id;
   nres = take_results(L, co, status, nres);
   if (cs < 0) goto done;
+  id = st->slots[cs].base_id;
   /* a hook enabled inside the slice gets its after (without a before) */
-  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE])))
+  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE]))) {
     emit_slice(L, st, AH_AFTER, cs, co_idx);
+    /* the after hook closed co (ended and released: the slot may be
+    ** another thread's now) */
+    if (st->slots[cs].L != co || st->slots[cs].base_id != id) goto done;
+  }
   if (status == LUA_OK) { /* returned: nothing of it can run again */
     ended(st, cs);
     ah_release(L, st, cs);

@@ -120,12 +120,12 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
   lua_Integer pid, ptrig;
   if (!st->nhooks[kind]) return;
   res_idx = lua_absindex(L, res_idx);
-  luaL_checkstack(L, 4, "async_hooks");
+  luaL_checkstack(L, 12, "async_hooks"); /* also ah_emit_id's: nothing fails
+                                         ** once the switch is made */
   s = ah_slot_of(L, st);
-  /* first (can fail): the thread's anchor keys, so that the full restore
-  ** below cannot allocate */
-  if ((st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) != (AKEY_FRAME | AKEY_RES))
-    ah_reserve(L, s);
+  /* first (can fail): the thread's resource anchor key, so that the full
+  ** restore below cannot allocate */
+  if (!(st->slots[s].anchored & AKEY_RES)) ah_reserve_res(L, s);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
   had = st->slots[s].anchored & A_RES;

@@ -242,6 +242,12 @@ void ah_reserve(lua_State *L, int s) {
     lua_pop(L, 1);
     st->slots[s].anchored |= AKEY_FRAME;
   }
+  ah_reserve_res(L, s);
+}
+
+/* the same for the resource key alone */
+void ah_reserve_res(lua_State *L, int s) {
+  ah_state *st = ah_st(L);
   if (!(st->slots[s].anchored & AKEY_RES)) {
     st->rgen++;
     lua_pushboolean(L, 0);
