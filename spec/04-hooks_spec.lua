@@ -431,6 +431,68 @@ print(co.resume(outer))
   end)
 end)
 
+describe("finalizer tokens of coroutines (destroy on collection)", function()
+  -- made by the per-cycle sentinel only for coroutines still alive at the
+  -- end of a collection cycle; one collected before that gets its destroy
+  -- from the sentinel itself
+  for _, mode in ipairs { "generational", "incremental" } do
+    it("every abandoned or finished coroutine is destroyed once (" .. mode .. ")", function()
+      local code, out, err = H.run_lua(('collectgarbage("%s")\n'):format(mode) .. [==[
+local ah = require("async_hooks").install()
+local core = require("async_hooks.core")
+local co = ah.coroutine
+local destroyed = {}
+ah.createHook { destroy = function(id) destroyed[id] = (destroyed[id] or 0) + 1 end }:enable()
+local function flush() co.resume(co.create(function() end)) end -- a delivery point
+-- 1: abandoned at once, collected before its token is made
+local id1
+do
+  local c = co.create(function() id1 = ah.executionAsyncId(); co.yield() end)
+  co.resume(c)
+end
+print("pending tokens", core.stats().pending_tokens)
+collectgarbage(); collectgarbage(); collectgarbage()
+flush()
+print("abandoned at once", destroyed[id1])
+-- 2: lives through collections (its token is made then), then abandoned
+local id2
+local keep = co.create(function() id2 = ah.executionAsyncId(); co.yield() end)
+co.resume(keep)
+collectgarbage(); collectgarbage()
+print("token made", core.stats().pending_tokens, destroyed[id2])
+keep = nil
+collectgarbage(); collectgarbage(); collectgarbage()
+flush()
+print("abandoned later", destroyed[id2])
+-- 3: finished: destroyed once, no token ever made
+local id3
+co.resume(co.create(function() id3 = ah.executionAsyncId() end))
+collectgarbage(); collectgarbage()
+flush()
+print("finished", destroyed[id3], core.stats().pending_tokens)
+-- 4: many coroutines alive across a collection, then all abandoned
+local many, ids = {}, {}
+for i = 1, 200 do
+  many[i] = co.create(function() ids[i] = ah.executionAsyncId(); co.yield() end)
+  co.resume(many[i])
+end
+collectgarbage(); collectgarbage()
+local made = core.stats().pending_tokens
+many = nil
+collectgarbage(); collectgarbage(); collectgarbage()
+flush()
+local n = 0
+for i = 1, 200 do if destroyed[ids[i]] == 1 then n = n + 1 end end
+print("many", made, n, core.stats().slots)
+]==])
+      assert.equal("", err)
+      assert.equal(0, code)
+      assert.equal("pending tokens\t1\nabandoned at once\t1\ntoken made\t0\tnil\nabandoned later\t1\n"
+        .. "finished\t1\t0\nmany\t0\t200\t1\n", out)
+    end)
+  end
+end)
+
 describe("an after hook that closes the coroutine that just returned", function()
   it("gives its slot back once and destroys it once", function()
     local code, out, err = H.run_lua([[

@@ -72,7 +72,8 @@ typedef struct ah_slot {
   lua_Integer trigger; /* current triggerAsyncId */
   lua_Integer base_id; /* the thread's own asyncId (coroutine resource) */
   lua_Integer base_trigger;
-  void *gctok;          /* finalizer token (has_gc), valid while L lives */
+  void *gctok;          /* finalizer token (has_gc), valid while L lives;
+                        ** NULL until the sentinel made it (A_TOKPEND) */
   int next_free;
   unsigned scopes;      /* open scope guards (coroutines: the guard chain) */
   unsigned char kind;
@@ -105,7 +106,8 @@ typedef struct ah_state {
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
-  int npend;                 /* slots with A_PEND or A_STALE */
+  int npend;                 /* slots with A_PEND, A_STALE or A_TOKPEND */
+  int ntokpend;              /* ... of which with A_TOKPEND */
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
@@ -129,7 +131,8 @@ typedef struct ah_state {
 ** thread's key exists in T / AUX_TR, so writing it cannot allocate */
 enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
        A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
-       A_STALE = 32 }; /* free slot whose AUX_PEND entry is still set */
+       A_STALE = 32,   /* free slot whose AUX_PEND entry is still set */
+       A_TOKPEND = 64 }; /* has_gc, its finalizer token not made yet */
 
 /* Files, bottom up; each calls only files listed before it (checked
 ** by `make callgraph`, tests/callgraph.sh):

@@ -321,7 +321,15 @@ static void clear(lua_State *L, ah_state *st, int s) {
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
   if (ah_unlikely(sl->kind == AH_KMAIN)) return;
-  if (ah_unlikely(sl->has_gc)) ((ah_cotok *)sl->gctok)->slot = -1;
+  if (ah_unlikely(sl->has_gc)) {
+    if (sl->gctok) {
+      ((ah_cotok *)sl->gctok)->slot = -1;
+    } else if (sl->anchored & A_TOKPEND) { /* ended before it needed one */
+      sl->anchored &= ~A_TOKPEND;
+      st->npend--;
+      st->ntokpend--;
+    }
+  }
   if (ah_likely(st->extra)) {
     ah_extra(sl->L) = AH_RELEASED;
   } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
@@ -386,21 +394,16 @@ static int sweep(lua_State *L, ah_state *st) {
 int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind) {
   lua_State *co;
-  ah_cotok *tok = NULL;
   ah_slot *sl;
   int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
-  if (has_gc) { /* first: the only step here that can run finalizers */
-    tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
-    tok->st = st;
-    tok->slot = -1;
-    lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
-    lua_setmetatable(L, -2);
-    aux_eph_set(L, AUX_TGC, thread_idx, -1);
-    lua_pop(L, 1);
-  }
+  /* the finalizer token of a has_gc thread is made by the sentinel, only
+  ** if the thread is still alive at the end of a collection cycle (most
+  ** coroutines end before): see pend_gc */
+  if (has_gc) ah_arm_anchors(L, st); /* first: the only step here that can
+                                     ** run finalizers */
   if (!st->extra) ah_reserve_binding(L, st, thread_idx);
   if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
@@ -409,15 +412,19 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
   if (sl->anchored & A_STALE) ah_drop_stale(L, st, s);
-  sl->gctok = tok;
+  sl->gctok = NULL;
   sl->has_gc = (unsigned char)has_gc;
+  if (has_gc) {
+    sl->anchored |= A_TOKPEND;
+    st->npend++;
+    st->ntokpend++;
+  }
   sl->kind = (unsigned char)kind;
   if (kind == AH_KMAIN) {
     sl->anchored = AKEY_FRAME | AKEY_RES; /* aux slots */
     sl->base_id = sl->id = 1;
     st->next_id--;
   }
-  if (tok) tok->slot = s;
   ah_bind_thread(L, st, s, thread_idx);
   /* raw sets never run finalizers: nothing can reuse s meanwhile.  Slot
   ** indices are dense from 1: F, R and TH keep them in their array part */
@@ -548,6 +555,39 @@ void ah_drop_stale(lua_State *L, ah_state *st, int s) {
   st->npend--;
 }
 
+/* the finalizer token of the has_gc thread at thread_idx, slot s, which
+** lived through a collection cycle; allocates (a failure leaves it
+** pending: the token is made at the next cycle) */
+static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
+  ah_cotok *tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
+  tok->st = st;
+  tok->slot = -1; /* until it is the slot's */
+  lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
+  lua_setmetatable(L, -2);
+  aux_eph_set(L, AUX_TGC, thread_idx, -1);
+  tok->slot = s;
+  st->slots[s].gctok = tok;
+  st->slots[s].anchored &= ~A_TOKPEND;
+  st->npend--;
+  st->ntokpend--;
+  lua_pop(L, 1);
+}
+
+/* the has_gc thread of slot s was collected before its token was made:
+** what the token's finalizer would have done */
+static void collected(lua_State *L, ah_state *st, int s) {
+  st->slots[s].anchored &= ~A_TOKPEND;
+  st->npend--;
+  st->ntokpend--;
+  if (st->last_slot == s) st->last_slot = 0;
+  if (!st->slots[s].destroyed) {
+    st->slots[s].destroyed = 1;
+    if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
+  }
+  clear(L, st, s);
+  free_slot(st, s);
+}
+
 /* __gc of the sentinel: move the deferred anchors of live coroutines to T
 ** (that allocates: a failure leaves the rest pending for the next cycle),
 ** drop those of collected ones, and re-arm */
@@ -561,22 +601,28 @@ static int pend_gc(lua_State *L) {
   lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
   for (i = 1; i < st->cap && st->npend > 0; i++) {
     ah_slot *sl = &st->slots[i];
+    int alive;
     if (sl->anchored & A_STALE) { /* a free slot's leftover */
       ah_drop_stale(L, st, i);
       continue;
     }
-    if (!sl->L || !(sl->anchored & A_PEND)) continue;
-    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 2 */
-      lua_rawgeti(L, 1, i);
-      lua_rawset(L, AH_UV_T);
-      sl->anchored |= AKEY_FRAME;
-    } else {
-      lua_pop(L, 1);
+    if (!sl->L || !(sl->anchored & (A_PEND | A_TOKPEND))) continue;
+    alive = lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD; /* 2 */
+    if (sl->anchored & A_PEND) {
+      if (alive) {
+        lua_pushvalue(L, 2);
+        lua_rawgeti(L, 1, i);
+        lua_rawset(L, AH_UV_T);
+        sl->anchored |= AKEY_FRAME;
+      }
+      lua_pushnil(L);
+      lua_rawseti(L, 1, i);
+      sl->anchored &= ~A_PEND;
+      st->npend--;
     }
-    lua_pushnil(L);
-    lua_rawseti(L, 1, i);
-    sl->anchored &= ~A_PEND;
-    st->npend--;
+    if ((sl->anchored & A_TOKPEND) && alive) make_token(L, st, i, 2);
+    else if (sl->anchored & A_TOKPEND) collected(L, st, i);
+    lua_settop(L, 1);
   }
   return 0;
 }
