@@ -108,6 +108,14 @@ describe("a host that uses LUA_EXTRASPACE #slow", function()
     end
   end)
 
+  it("gives back the slot of a coroutine resurrected and finished by a finalizer", function()
+    for _, mode in ipairs { "host", "none" } do
+      local ok, out = sh(exe .. " " .. mode .. " tests/extrahost_resurrect.lua")
+      assert.is_true(ok, out)
+      assert.matches("extrahost resurrect: ok", out)
+    end
+  end)
+
   it("leaves the extra space to the module when the host does not use it", function()
     local ok, out = sh(exe .. " none tests/extrahost.lua")
     assert.is_true(ok, out)

@@ -181,6 +181,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
 void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx);
 void ah_arm_anchors(lua_State *L, ah_state *st);
+void ah_rearm(lua_State *L, ah_state *st);
 void ah_drop_stale(lua_State *L, ah_state *st, int s);
 void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);

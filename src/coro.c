@@ -173,6 +173,7 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
   }
+  ah_rearm(L, st); /* a sentinel whose re-arming failed: destroys wait on it */
   cs = co_slot(L, st, co, co_idx); /* co_idx: 1 or an upvalue: absolute */
   /* a coroutine that cannot run makes lua_resume build an error message,
   ** which can raise (out of memory): count only real resumes as active */

@@ -310,6 +310,7 @@ void ah_flush(lua_State *L, ah_state *st) {
 
 static int l_flush(lua_State *L) {
   ah_state *st = ah_st(L);
+  ah_rearm(L, st);
   ah_flush_maybe(L, st);
   return 0;
 }

@@ -334,9 +334,13 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     ah_extra(sl->L) = AH_RELEASED;
   } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
     lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
-    lua_rawgeti(L, AH_UV_TH, s);
-    lua_pushboolean(L, 0);
-    lua_rawset(L, -3);
+    if (lua_rawgeti(L, AH_UV_TH, s) == LUA_TTHREAD) {
+      lua_pushboolean(L, 0);
+      lua_rawset(L, -3);
+    } else { /* a thread that a finalizer resurrected: its weak TH entry
+             ** is gone; its TSLOT entry names a slot that lookups check */
+      lua_pop(L, 1);
+    }
     lua_pop(L, 1);
   }
   if (sl->anchored & (A_RES | A_PEND)) {
@@ -402,8 +406,10 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   /* the finalizer token of a has_gc thread is made by the sentinel, only
   ** if the thread is still alive at the end of a collection cycle (most
   ** coroutines end before): see pend_gc */
-  if (has_gc) ah_arm_anchors(L, st); /* first: the only step here that can
-                                     ** run finalizers */
+  if (has_gc) /* first: the only step here that can run finalizers */
+    ah_arm_anchors(L, st);
+  else
+    ah_rearm(L, st);
   if (!st->extra) ah_reserve_binding(L, st, thread_idx);
   if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
       sweep(L, st) < st->cap / 4 && !grow(st) &&
@@ -596,7 +602,8 @@ static int pend_gc(lua_State *L) {
   int i;
   st->armed = 0;
   if (st->closed || st->npend == 0) return 0;
-  ah_arm_anchors(L, st); /* first: a failure below leaves work for it */
+  ah_arm_anchors(L, st); /* first: a failure below leaves work for it (a
+                         ** failure here, for the next ah_rearm) */
   lua_settop(L, 0);
   lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
   for (i = 1; i < st->cap && st->npend > 0; i++) {
@@ -641,6 +648,13 @@ void ah_reserve_anchor(lua_State *L, ah_state *st) {
     lua_rawseti(L, -2, next);
     lua_pop(L, 1);
   }
+}
+
+/* re-arm the sentinel if work is pending and it is not armed (its own
+** re-arming ran out of memory); allocates: for paths that may raise, before
+** they change anything (ah_register, coroutine resumes with hooks) */
+void ah_rearm(lua_State *L, ah_state *st) {
+  if (ah_unlikely(st->npend && !st->armed)) ah_arm_anchors(L, st);
 }
 
 /* make sure a sentinel will run at the end of the next collection cycle
