@@ -15,10 +15,7 @@ end
 -- same module paths.
 -- @return exit status, stdout, stderr
 function H.run_lua(code)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(code)
-  f:close()
+  local path = H.tmpfile(code)
   local out, err = path .. ".out", path .. ".err"
   -- the subprocess exits without lua_close on purpose: no leak report;
   -- malloc_fill_byte=0: see ASAN_ENV in the Makefile

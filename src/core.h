@@ -188,6 +188,10 @@ void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx);
 void ah_set_resource(lua_State *L, int s, int idx);
+/* "no resource": nil, or the false that R[s] holds for it */
+static inline int ah_no_resource(lua_State *L, int idx) {
+  return lua_isnil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx));
+}
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);

@@ -316,6 +316,14 @@ static void flush_in_run(lua_State *L, ah_state *st) {
   }
 }
 
+/* F[s] = the frame at idx, not anchored (dispatch_run holds it on the
+** stack meanwhile); counted like every frame write */
+static void frame_write(lua_State *L, ah_state *st, int s, int idx) {
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, AH_UV_F, s);
+  st->fgen++;
+}
+
 static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
                         ah_rec *r, int base, int nargs, int nresults, int flags) {
   int ret;
@@ -352,9 +360,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   st->slots[s].trigger = r ? r->trigger : 0;
   if (r) {
     if (r->frame != lua_topointer(L, pframe)) {
-      lua_pushvalue(L, base + D_FRAME);
-      lua_rawseti(L, AH_UV_F, s);
-      st->fgen++;
+      frame_write(L, st, s, base + D_FRAME);
       if (r->frame != st->empty)
         st->slots[s].anchored |= A_FRAME;
       else
@@ -381,9 +387,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   } else {
     lua_pushboolean(L, 0);
     if (had & A_FRAME) { /* the root context: the empty frame */
-      lua_pushvalue(L, base + D_FRAME);
-      lua_rawseti(L, AH_UV_F, s);
-      st->fgen++;
+      frame_write(L, st, s, base + D_FRAME);
       st->slots[s].anchored &= ~A_FRAME;
       switched = 1;
     }
@@ -430,9 +434,7 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   ** here and through set_frame_of, which anchors; both count) */
   if (st->fgen == fgen) {
     if (switched) {
-      lua_pushvalue(L, pframe);
-      lua_rawseti(L, AH_UV_F, s);
-      st->fgen++;
+      frame_write(L, st, s, pframe);
       st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
                                               (had & A_FRAME));
     }

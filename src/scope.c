@@ -130,7 +130,7 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
   ptrig = st->slots[s].trigger;
   had = st->slots[s].anchored & A_RES;
   lua_rawgeti(L, AH_UV_R, s); /* the previous resource */
-  if (lua_isnil(L, res_idx) || (lua_isboolean(L, res_idx) && !lua_toboolean(L, res_idx))) {
+  if (ah_no_resource(L, res_idx)) {
     lua_pushboolean(L, 0); /* R[s] holds false for none */
     st->slots[s].anchored &= ~A_RES;
   } else {

@@ -212,7 +212,7 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
                             int idx) {
   int none;
   idx = lua_absindex(L, idx);
-  none = lua_isnil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx));
+  none = ah_no_resource(L, idx);
   if (!none || (st->slots[s].anchored & A_RES)) {
     st->rgen++; /* (scope.c's ah_emit_as relies on the count) */
     if (none) {
@@ -314,6 +314,26 @@ static void clear(lua_State *L, ah_state *st, int s) {
   lua_rawseti(L, AH_UV_TH, s);
 }
 
+/* The has_gc thread of slot s was collected (while suspended): queue its
+** destroy, once, and give the slot back. */
+static void thread_gone(lua_State *L, ah_state *st, int s) {
+  if (st->last_slot == s) st->last_slot = 0;
+  if (!st->slots[s].destroyed) {
+    st->slots[s].destroyed = 1;
+    if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
+  }
+  clear(L, st, s);
+  free_slot(st, s);
+}
+
+/* the has_gc slot s no longer waits for its finalizer token (made, or not
+** needed any more) */
+static void tok_settled(ah_state *st, int s) {
+  st->slots[s].anchored &= ~A_TOKPEND;
+  st->npend--;
+  st->ntokpend--;
+}
+
 /* The thread of slot s finished for good (returned, or was closed): its
 ** slot is free for reuse at once, and the thread is marked released. */
 /* F[s] and TH[s] of a free slot are stale (weak values, overwritten by the
@@ -325,9 +345,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     if (sl->gctok) {
       ((ah_cotok *)sl->gctok)->slot = -1;
     } else if (sl->anchored & A_TOKPEND) { /* ended before it needed one */
-      sl->anchored &= ~A_TOKPEND;
-      st->npend--;
-      st->ntokpend--;
+      tok_settled(st, s);
     }
   }
   if (ah_likely(st->extra)) {
@@ -358,21 +376,14 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   free_slot(st, s);
 }
 
-/* __gc of a coroutine token: the coroutine is gone.  Queue its destroy (a
-** coroutine collected while suspended) and give the slot back. */
+/* __gc of a coroutine token: the coroutine is gone. */
 static int cotok_gc(lua_State *L) {
   ah_cotok *tok = (ah_cotok *)lua_touserdata(L, 1);
   ah_state *st = tok->st;
   int s = tok->slot;
   if (s < 0 || st->closed) return 0;
   tok->slot = -1;
-  if (st->last_slot == s) st->last_slot = 0;
-  if (!st->slots[s].destroyed) {
-    st->slots[s].destroyed = 1;
-    if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
-  }
-  clear(L, st, s);
-  free_slot(st, s);
+  thread_gone(L, st, s);
   return 0;
 }
 
@@ -573,25 +584,8 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
   aux_eph_set(L, AUX_TGC, thread_idx, -1);
   tok->slot = s;
   st->slots[s].gctok = tok;
-  st->slots[s].anchored &= ~A_TOKPEND;
-  st->npend--;
-  st->ntokpend--;
+  tok_settled(st, s);
   lua_pop(L, 1);
-}
-
-/* the has_gc thread of slot s was collected before its token was made:
-** what the token's finalizer would have done */
-static void collected(lua_State *L, ah_state *st, int s) {
-  st->slots[s].anchored &= ~A_TOKPEND;
-  st->npend--;
-  st->ntokpend--;
-  if (st->last_slot == s) st->last_slot = 0;
-  if (!st->slots[s].destroyed) {
-    st->slots[s].destroyed = 1;
-    if (ah_hooks_on(st, AH_DESTROY)) ah_queue_destroy(st, st->slots[s].base_id);
-  }
-  clear(L, st, s);
-  free_slot(st, s);
 }
 
 /* __gc of the sentinel: move the deferred anchors of live coroutines to T
@@ -627,8 +621,14 @@ static int pend_gc(lua_State *L) {
       sl->anchored &= ~A_PEND;
       st->npend--;
     }
-    if ((sl->anchored & A_TOKPEND) && alive) make_token(L, st, i, 2);
-    else if (sl->anchored & A_TOKPEND) collected(L, st, i);
+    if (sl->anchored & A_TOKPEND) {
+      if (alive) {
+        make_token(L, st, i, 2);
+      } else { /* collected before its token was made */
+        tok_settled(st, i);
+        thread_gone(L, st, i);
+      }
+    }
     lua_settop(L, 1);
   }
   return 0;
