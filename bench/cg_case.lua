@@ -98,18 +98,21 @@ end
 -- the value read back.  Requests run one after another, in batches of 10.
 -- request_coro, request_sleep and request_read do one part each (the
 -- coroutine and its value always), to split the cost up.
-local function request(sleep, read)
+-- fwrap: the floor's coroutine.wrap (request_floor: its local fv is set)
+local function request(sleep, read, fwrap)
   local app = require("app")
   local fd = app.data_fd(64)
-  local wrap = variant == "raw" and coroutine.wrap or ah.coroutine.wrap
+  local wrap = fwrap or variant == "raw" and coroutine.wrap or ah.coroutine.wrap
+  local set = fwrap or variant == "value"
+  local lv = fwrap and fv or v
   local done, bad = 0, 0
   local function one(id)
     wrap(function()
-      if variant == "value" then v:set(id) end
+      if set then lv:set(id) end
       if sleep then app.sleep(0) end
       local data = ("x"):rep(64)
       if read then data = select(2, app.await(function(k) uv.fs_read(fd, 64, 0, k) end)) end
-      local got = variant == "value" and v:get() or id
+      local got = set and lv:get() or id
       if got ~= id or #data ~= 64 then bad = bad + 1 end
       done = done + 1
     end)()
@@ -273,6 +276,42 @@ function cases.switch_floor()
   local ok, err = pcall(resume, coroutine.create(function() end))
   assert(not ok and err:match("not its own"), "floor resume checked the slot")
   return "round trips=" .. n .. " (floor)"
+end
+
+--- request with the floor of the whole path (the AsyncLocal HTTP row
+-- without its socket): the floor's wrap (a slot of its own, ids, the
+-- creator's frame; the slot given back at the end), resume (the same, for
+-- await), set and get on a floor local, and luv's timer start and fs_read
+-- behind the floor's tracking wrapper: with a frame set, the callback
+-- becomes a C closure over (callback, frame, asyncId, trigger) that luv's
+-- cb_pcall (the floor's) runs in that context, restoring after.
+function cases.request_floor()
+  local F = new_floor()
+  floor_local(F, F.token())
+  fv.set = F.lset
+  local index = debug.getregistry().uv_timer.__index
+  assert(index.start == uv.timer_start)
+  local start, read = F.track(uv.timer_start, 4), F.track(uv.fs_read, 4)
+  index.start, uv.timer_start, uv.fs_read = start, start, read
+  coroutine.resume = F.resume -- await's
+  F.luv_attach()
+  local detail = request(true, true, F.wrapco)
+  local wrapped, pcalls, slow, tracked, entered = F.counts()
+  assert(tracked == 2 * n and entered == 2 * n and slow == 0 and pcalls >= 2 * n,
+    ("floor: %d tracked, %d entered, %d fast and %d slow callbacks for %d requests")
+      :format(tracked, entered, pcalls, slow, n))
+  -- a callback runs in the context of its registration, the loop in none
+  local seen, after = "unset", "unset"
+  F.wrapco(function()
+    fv:set(7)
+    local t = uv.new_timer()
+    t:start(0, 0, function() seen = fv:get(); t:close() end)
+  end)()
+  uv.run()
+  after = fv:get()
+  assert(seen == 7 and after == nil and wrapped >= 0,
+    ("floor callback saw %s, the loop %s"):format(tostring(seen), tostring(after)))
+  return detail .. " (floor)"
 end
 
 --- get with the floor of a C get: self's type, the state pointer, the

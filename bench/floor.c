@@ -53,7 +53,7 @@ typedef char fl_extra_fits[LUA_EXTRASPACE >= sizeof(uintptr_t) ? 1 : -1];
 /* ------------------------------------------------------------------- */
 /* the state: slots as the library keeps them (src/core.h, ah_slot)       */
 
-#define FL_CAP 64
+#define FL_CAP 256
 
 typedef struct fl_slot { /* the library's ah_slot layout (same stride) */
   lua_State *L;
@@ -78,11 +78,17 @@ typedef struct fl_state {
   unsigned busy;
   fl_pcall luv_pcall; /* luv's own cb_pcall */
   lua_Integer n_wrapped, n_pcalls, n_slow; /* the case checks these */
+  lua_Integer next_id;  /* asyncIds of tracked registrations */
+  lua_Integer n_tracked, n_entered; /* request floor: the case checks these */
+  int free_slot;        /* head of the free slots (next_free), -1: none */
+  int fref, eref;       /* registry refs of F and of the root's empty frame */
   fl_slot inline_slots[FL_CAP];
 } fl_state;
 
 #define FL_ST lua_upvalueindex(1) /* light userdata: fl_state* */
 #define FL_F lua_upvalueindex(2)  /* slot -> frame {token -> value} */
+#define FL_FNS lua_upvalueindex(3) /* the table new() returns */
+#define FL_WMT lua_upvalueindex(4) /* frames' metatable: weak keys */
 
 static int unbound(lua_State *L) {
   return luaL_error(L, "floor: the thread's slot is not its own");
@@ -130,6 +136,27 @@ static int auxresume(lua_State *L, lua_State *co, int narg) {
   return -1;
 }
 
+/* a slot from the free list (or a new one) */
+static int take_slot(lua_State *L, fl_state *st) {
+  int ns = st->free_slot;
+  if (ns >= 0) {
+    st->free_slot = st->slots[ns].next_free;
+    return ns;
+  }
+  if (st->used >= st->cap) return luaL_error(L, "floor: out of slots");
+  return st->used++;
+}
+
+/* a finished (or failed) coroutine gives its slot back: F[s] = nil */
+static void give_slot(lua_State *L, fl_state *st, int s, int F) {
+  lua_pushnil(L);
+  lua_rawseti(L, F, s);
+  st->slots[s].L = NULL;
+  st->slots[s].anchored = 0;
+  st->slots[s].next_free = st->free_slot;
+  st->free_slot = s;
+}
+
 static int fl_resume(lua_State *L) {
   const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
   lua_State *co = lua_tothread(L, 1);
@@ -141,6 +168,7 @@ static int fl_resume(lua_State *L) {
     return unbound(L);
   if (fl_unlikely(st->busy)) return not_floor(L); /* hooks: before/after */
   r = auxresume(L, co, lua_gettop(L) - 1);
+  if (lua_status(co) != LUA_YIELD) give_slot(L, (fl_state *)st, (int)s, FL_F);
   if (fl_unlikely(r < 0)) {
     lua_pushboolean(L, 0);
     lua_insert(L, -2);
@@ -202,6 +230,83 @@ static int fl_token(lua_State *L) {
   return 1;
 }
 
+/* set(self, value) on a floor local (self[1] its token): the frame is
+** copied (unless empty) with token -> value, weak-keyed as the library's
+** frames are (disable() must be able to let values go) */
+static int fl_lset(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  uintptr_t s = fl_extra(L);
+  if (fl_unlikely(lua_type(L, 1) != LUA_TTABLE))
+    return luaL_typeerror(L, 1, "floor local");
+  lua_settop(L, 2);
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  lua_createtable(L, 0, 1); /* 3: the new frame */
+  if (st->slots[s].anchored & FL_A_FRAME) { /* copy what is set */
+    lua_rawgeti(L, FL_F, (lua_Integer)s); /* 4 */
+    lua_pushnil(L);
+    while (lua_next(L, 4)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, 3);
+    }
+    lua_settop(L, 3);
+  }
+  lua_rawgeti(L, 1, 1); /* the token */
+  lua_pushvalue(L, 2);
+  lua_rawset(L, 3);
+  lua_pushvalue(L, FL_WMT);
+  lua_setmetatable(L, 3);
+  lua_rawseti(L, FL_F, (lua_Integer)s);
+  st->slots[s].anchored |= FL_A_FRAME;
+  return 0;
+}
+
+/* the function wrapco returns: lcorolib's auxwrap with the slot check, and
+** the slot given back when the coroutine ends.  Upvalues: ST, F, thread. */
+static int fl_auxwrap(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  lua_State *co = lua_tothread(L, lua_upvalueindex(3));
+  uintptr_t s = fl_extra(co);
+  int r;
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == co)))
+    return unbound(L);
+  if (fl_unlikely(st->busy)) return not_floor(L);
+  r = auxresume(L, co, lua_gettop(L));
+  if (lua_status(co) != LUA_YIELD) give_slot(L, st, (int)s, FL_F);
+  if (fl_unlikely(r < 0)) return lua_error(L);
+  return r;
+}
+
+/* wrapco(f): coroutine.wrap with a slot of its own for the coroutine, its
+** asyncId, its creator's id as trigger and its creator's frame (what the
+** library's wrap does) */
+static int fl_wrapco(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  uintptr_t s = fl_extra(L);
+  lua_State *co;
+  int ns;
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  ns = take_slot(L, st);
+  co = lua_newthread(L);
+  lua_pushvalue(L, 1);
+  lua_xmove(L, co, 1);
+  st->slots[ns].L = co;
+  st->slots[ns].id = ++st->next_id;
+  st->slots[ns].trigger = st->slots[s].id;
+  st->slots[ns].anchored = st->slots[s].anchored & FL_A_FRAME;
+  fl_extra(co) = (uintptr_t)ns;
+  lua_rawgeti(L, FL_F, (lua_Integer)s);
+  lua_rawseti(L, FL_F, ns);
+  lua_pushvalue(L, FL_ST);
+  lua_pushvalue(L, FL_F);
+  lua_rotate(L, -3, 2); /* ST, F, thread */
+  lua_pushcclosure(L, fl_auxwrap, 3);
+  return 1;
+}
+
 /* ------------------------------------------------------------------- */
 /* luv                                                                   */
 
@@ -219,6 +324,7 @@ static fl_state *cache_st;
 typedef struct fl_fn {
   lua_CFunction orig;
   fl_state *st;
+  int pos; /* track: the callback's position */
 } fl_fn;
 
 /* the wrapper of a luv function: see the top of the file */
@@ -244,6 +350,88 @@ static int fl_wrap(lua_State *L) {
   w->orig = f;
   w->st = (fl_state *)lua_touserdata(L, FL_ST);
   lua_pushcclosure(L, fl_wrapped, 1);
+  return 1;
+}
+
+/* A tracked registration's callback: a C closure over (callback, frame,
+** asyncId, triggerAsyncId, F), one allocation.  luv calls it through
+** fl_cb_pcall (below), which has checked the thread and its slot and put
+** the root ids in place: it enters the registration's context, calls the
+** callback and restores (on an error, fl_cb_pcall restores). */
+static int fl_cb(lua_State *L) {
+  fl_state *st = cache_st;
+  uintptr_t s = fl_extra(L);
+  fl_slot *sl;
+  lua_Integer pid, ptrig;
+  unsigned char pa;
+  int n = lua_gettop(L);
+  if (fl_unlikely(L != cache_L || !(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  sl = &st->slots[s];
+  pid = sl->id;
+  ptrig = sl->trigger;
+  pa = sl->anchored;
+  sl->id = lua_tointeger(L, lua_upvalueindex(3));
+  sl->trigger = lua_tointeger(L, lua_upvalueindex(4));
+  lua_rawgeti(L, lua_upvalueindex(5), (lua_Integer)s);
+  lua_insert(L, 1); /* the frame before, kept at 1 */
+  lua_pushvalue(L, lua_upvalueindex(2));
+  lua_rawseti(L, lua_upvalueindex(5), (lua_Integer)s);
+  sl->anchored = (unsigned char)(pa | FL_A_FRAME);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 2);
+  st->n_entered++;
+  lua_call(L, n, 0);
+  sl = &st->slots[s];
+  lua_rawseti(L, lua_upvalueindex(5), (lua_Integer)s); /* the frame before */
+  sl->anchored = pa;
+  sl->id = pid;
+  sl->trigger = ptrig;
+  return 0;
+}
+
+/* the wrapper of a callback-taking luv function (track): nothing set, it
+** is fl_wrapped; a frame set, the callback becomes an fl_cb closure with a
+** new asyncId */
+static int fl_twrapped(lua_State *L) {
+  const fl_fn *w = (const fl_fn *)lua_touserdata(L, lua_upvalueindex(1));
+  fl_state *st = w->st;
+  uintptr_t s = fl_extra(L);
+  int pos = w->pos;
+  if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
+    return unbound(L);
+  if (fl_unlikely(st->busy)) return not_floor(L);
+  if (!(st->slots[s].anchored & FL_A_FRAME) || lua_isnoneornil(L, pos)) {
+    st->n_wrapped++;
+    return w->orig(L);
+  }
+  if (fl_unlikely(lua_type(L, pos) != LUA_TFUNCTION)) return not_floor(L);
+  lua_pushvalue(L, pos);
+  lua_rawgeti(L, lua_upvalueindex(2), (lua_Integer)s);
+  lua_pushinteger(L, ++st->next_id);
+  lua_pushinteger(L, st->slots[s].id);
+  lua_pushvalue(L, lua_upvalueindex(2));
+  lua_pushcclosure(L, fl_cb, 5);
+  lua_replace(L, pos);
+  st->n_tracked++;
+  return w->orig(L);
+}
+
+/* track(f, pos) -> the tracking wrapper of luv's C function f, callback
+** at pos */
+static int fl_track(lua_State *L) {
+  lua_CFunction f = lua_tocfunction(L, 1);
+  lua_Integer pos = luaL_checkinteger(L, 2);
+  fl_fn *w;
+  luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
+                   "C function without upvalues");
+  luaL_argcheck(L, pos > 0 && pos < 16, 2, "bad position");
+  w = (fl_fn *)lua_newuserdatauv(L, sizeof(fl_fn), 0);
+  w->orig = f;
+  w->st = (fl_state *)lua_touserdata(L, FL_ST);
+  w->pos = (int)pos;
+  lua_pushvalue(L, FL_F);
+  lua_pushcclosure(L, fl_twrapped, 2);
   return 1;
 }
 
@@ -275,7 +463,14 @@ static int fl_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   st->slots[s].id = st->slots[s].trigger = 0;
   st->n_pcalls++;
   ret = st->luv_pcall(L, nargs, nresults, flags);
-  if (fl_unlikely(st->slots[s].anchored & FL_A_FRAME)) st->n_slow++; /* set inside */
+  if (fl_unlikely(st->slots[s].anchored & FL_A_FRAME)) { /* set inside, or an error in fl_cb */
+    if (ret == LUA_OK) st->n_slow++;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->fref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->eref);
+    lua_rawseti(L, -2, (lua_Integer)s);
+    lua_pop(L, 1);
+    st->slots[s].anchored &= (unsigned char)~FL_A_FRAME;
+  }
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
   return ret;
@@ -289,7 +484,7 @@ static int fl_luv_attach(lua_State *L) {
     return luaL_error(L, "floor: luv is not loaded");
   ctx = (fl_luv_ctx *)lua_touserdata(L, -1);
   if (ctx->cb_pcall == fl_cb_pcall) return luaL_error(L, "floor: attached already");
-  lua_getfield(L, lua_upvalueindex(3), "state");
+  lua_getfield(L, FL_FNS, "state");
   lua_rawsetp(L, LUA_REGISTRYINDEX, &fl_key);
   st->luv_pcall = ctx->cb_pcall;
   ctx->cb_pcall = fl_cb_pcall;
@@ -307,13 +502,16 @@ static int fl_luv_attach(lua_State *L) {
   return 0;
 }
 
-/* counts() -> wrapper calls, fast cb_pcall calls, slow ones */
+/* counts() -> wrapper calls, fast cb_pcall calls, slow ones, tracked
+** registrations, tracked callbacks entered */
 static int fl_counts(lua_State *L) {
   const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
   lua_pushinteger(L, st->n_wrapped);
   lua_pushinteger(L, st->n_pcalls);
   lua_pushinteger(L, st->n_slow);
-  return 3;
+  lua_pushinteger(L, st->n_tracked);
+  lua_pushinteger(L, st->n_entered);
+  return 5;
 }
 
 /* ------------------------------------------------------------------- */
@@ -328,7 +526,9 @@ static int fl_new(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"get", fl_get}, {"resume", fl_resume}, {"bind", fl_bind},
     {"set", fl_set}, {"token", fl_token}, {"wrap", fl_wrap},
-    {"luv_attach", fl_luv_attach}, {"counts", fl_counts}, {NULL, NULL}
+    {"luv_attach", fl_luv_attach}, {"counts", fl_counts},
+    {"lset", fl_lset}, {"wrapco", fl_wrapco}, {"track", fl_track},
+    {NULL, NULL}
   };
   memset(st, 0, sizeof *st);
   st->slots = st->inline_slots;
@@ -336,15 +536,23 @@ static int fl_new(lua_State *L) {
   if (s >= FL_CAP) return luaL_error(L, "floor: the main thread's extra space is in use");
   st->slots[s].L = L;
   st->used = (int)s + 1;
-  lua_createtable(L, 0, 9); /* 2: the functions */
+  st->free_slot = -1;
+  lua_createtable(L, 0, 12); /* 2: the functions */
   lua_pushvalue(L, 1);
   lua_setfield(L, 2, "state"); /* anchors the state */
   lua_pushlightuserdata(L, st);
   lua_createtable(L, FL_CAP, 0); /* F */
   lua_newtable(L);
-  lua_rawseti(L, -2, (lua_Integer)s); /* the empty frame */
+  lua_pushvalue(L, -1);
+  st->eref = luaL_ref(L, LUA_REGISTRYINDEX); /* the root's empty frame */
+  lua_rawseti(L, -2, (lua_Integer)s);
+  lua_pushvalue(L, -1);
+  st->fref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 2);
-  luaL_setfuncs(L, fns, 3);
+  lua_createtable(L, 0, 1); /* frames' metatable */
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  luaL_setfuncs(L, fns, 4);
   return 1;
 }
 

@@ -56,7 +56,9 @@ function M.run()
   print("| server | instructions per request | ratio to none | requests (short / long) |")
   print("|---|---|---|---|")
   local base
-  for _, ctx in ipairs { "none", "asynclocal", "hooks" } do
+  -- "floor": the AsyncLocal row's measured floor (bench/floor.c)
+  local floor = U.build_floor()
+  for _, ctx in ipairs { "none", "asynclocal", "hooks", floor and "floor" or nil } do
     local i1, n1 = run(ctx, SHORT)
     local i2, n2 = run(ctx, LONG)
     local per = (i2 - i1) / (n2 - n1)

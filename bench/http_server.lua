@@ -3,7 +3,9 @@
 --   lua5.4 bench/http_server.lua <callbacks|coroutines> <ctx> [timer ms]
 -- ctx: none | asynclocal (a value set per request) | hooks (four empty hooks)
 -- | resource (Node's async-resource pattern) | destroy (Node's destroy
--- pattern).  The timer is 1 ms unless given.  Prints "PORT <n>", then
+-- pattern) | floor (the AsyncLocal row's measured floor: bench/floor.c, the
+-- cheapest code that carries the value the same way, in place of the
+-- library; see bench/README.md).  The timer is 1 ms unless given.  Prints "PORT <n>", then
 -- serves; on SIGTERM prints "STATS served=<n> mismatches=<n>", where a
 -- mismatch is a response whose context was not its own request's.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
@@ -11,7 +13,44 @@ local style, ctx = arg[1] or "callbacks", arg[2] or "none"
 local ms = tonumber(arg[3]) or 1
 local uv = require("luv")
 local ah, getid, setid
-if ctx ~= "none" then
+local stats_extra = function() return "" end
+if ctx == "floor" then
+  -- not the library: the floor's set/get on a local made as AsyncLocal.new
+  -- makes one, its coroutine.wrap and resume (a slot per coroutine, ids,
+  -- the creator's frame), its cb_pcall, and its wrapper on every
+  -- callback-taking luv function the server uses (a frame set: the
+  -- callback becomes a closure over it; else luv's function at once)
+  local U = require("util")
+  local F = assert(package.loadlib(assert(U.build_floor()), "luaopen_floor"))().new()
+  local fv = setmetatable({ F.token(), name = "", default = nil }, { __name = "floor local" })
+  fv.get, fv.set = F.get, F.lset
+  local reg = debug.getregistry()
+  for _, w in ipairs {
+    { "timer_start", 4, uv_timer = "start" }, { "signal_start", 3, uv_signal = "start" },
+    { "fs_read", 4 }, { "write", 3, uv_tcp = "write" }, { "read_start", 2, uv_tcp = "read_start" },
+    { "listen", 3, uv_tcp = "listen" },
+    { "close", 2, uv_tcp = "close", uv_timer = "close", uv_signal = "close" } } do
+    local name, pos = w[1], w[2]
+    local f = F.track(uv[name], pos)
+    for mt, method in pairs(w) do
+      if type(mt) == "string" then
+        local index = reg[mt].__index
+        assert(index[method] == uv[name], method)
+        index[method] = f
+      end
+    end
+    uv[name] = f
+  end
+  coroutine.wrap, coroutine.resume = F.wrapco, F.resume
+  F.luv_attach()
+  setid = function(id) fv:set(id) end
+  getid = function() return fv:get() end
+  -- the STATS line says how many registrations the floor tracked
+  stats_extra = function()
+    local _, _, slow, tracked, entered = F.counts()
+    return (" floor_tracked=%d floor_entered=%d floor_slow=%d"):format(tracked, entered, slow)
+  end
+elseif ctx ~= "none" then
   ah = require("async_hooks").install()
   if ctx == "asynclocal" then
     local v = ah.AsyncLocal.new()
@@ -97,7 +136,7 @@ local sig = uv.new_signal()
 sig:start("sigterm", function()
   sig:close()
   server:close()
-  io.stdout:write(("STATS served=%d mismatches=%d\n"):format(served, mismatches))
+  io.stdout:write(("STATS served=%d mismatches=%d%s\n"):format(served, mismatches, stats_extra()))
   io.stdout:flush()
   uv.stop()
 end)
