@@ -562,6 +562,180 @@ describe("luv integration", function()
     assert.equal(norm(err1), norm(err2))
   end)
 
+  -- Quick records are made only while nothing but a frame observes a
+  -- registration, which this process stopped being when a spec first called
+  -- executionAsyncResource(): each of these runs in a fresh one.
+  describe("quick records (a request, or the first registration on a fresh handle, observed by a frame only)", function()
+    local PRELUDE = [[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local core = require("async_hooks.core")
+      local v = ah.AsyncLocal.new { default = "clean" }
+      local path = os.tmpname()
+      local f = assert(io.open(path, "w")); f:write("abc"); f:close()
+      local fd = assert(uv.fs_open(path, "r", 420))
+      os.remove(path)
+      -- what luv holds for the callback cb: the quick record is a C closure
+      -- whose first upvalue is cb
+      local function held_by_luv(cb)
+        for _, x in pairs(debug.getregistry()) do
+          if x == cb then return "the callback" end
+          if type(x) == "function" and select(2, debug.getupvalue(x, 1)) == cb then
+            return debug.getinfo(x, "S").what == "C" and "a C closure over it" or "?"
+          end
+          if type(x) == "userdata" and select(2, pcall(debug.getuservalue, x, 1)) == cb then
+            return "a record"
+          end
+        end
+        return "nothing"
+      end
+    ]]
+    local function fresh(code, expected)
+      local status, out, err = H.run_lua(PRELUDE .. code)
+      assert.equal("", err)
+      assert.equal(0, status)
+      assert.equal(expected, out)
+    end
+
+    it("luv gets a function; the handle keeps a mark, and its re-arm a record it then reuses", function()
+      fresh([[
+        local t = uv.new_timer()
+        local kept, seen = {}, {}
+        local function step()
+          seen[#seen + 1] = v:get()
+          kept[#kept + 1] = debug.getuservalue(t, 1)
+          if #seen < 5 then t:start(0, 0, step) else t:close() end
+        end
+        local held, read
+        v:run("q", function() t:start(0, 0, step); held = held_by_luv(step) end)
+        local cb = function(_, data) read = data .. ":" .. v:get() end
+        v:run("r", function() uv.fs_read(fd, 3, 0, cb) end)
+        print(held, held_by_luv(cb))
+        uv.run()
+        -- kept: what the handle keeps at each step, before it re-arms
+        print(table.concat(seen, " "), read, kept[1], type(kept[2]), type(kept[3]),
+              kept[3] == kept[4], kept[4] == kept[5])
+      ]], "a C closure over it\ta C closure over it\n"
+        .. "q q q q q\tabc:r\ttrue\tuserdata\tfunction\ttrue\ttrue\n")
+    end)
+
+    it("ids: its own asyncId, triggered by the registering context; the loop's ids come back", function()
+      fresh([[
+        local ids, outer = {}, nil
+        ah.coroutine.wrap(function()
+          v:set(1)
+          outer = ah.executionAsyncId()
+          local t = uv.new_timer()
+          t:start(0, 0, function()
+            ids.timer = { ah.executionAsyncId(), ah.triggerAsyncId(), v:get() }
+            t:close()
+          end)
+          uv.fs_read(fd, 1, 0, function()
+            ids.read = { ah.executionAsyncId(), ah.triggerAsyncId(), v:get() }
+          end)
+        end)()
+        uv.run()
+        print(ids.timer[2] == outer, ids.read[2] == outer, ids.timer[1] > outer, ids.read[1] > outer,
+              ids.timer[1] ~= ids.read[1], ids.timer[3], ids.read[3], ah.executionAsyncId(),
+              core.stats().active, v:get())
+      ]], "true\ttrue\ttrue\ttrue\ttrue\t1\t1\t1\t0\tclean\n")
+    end)
+
+    it("its resource, first asked for inside its callback: its own, the same on each call and across a repeating timer's calls", function()
+      fresh([[
+        local t = uv.new_timer()
+        local seen, req = {}, nil
+        v:run(1, function()
+          t:start(1, 1, function()
+            local r = ah.executionAsyncResource()
+            seen[#seen + 1] = r
+            assert(r == ah.executionAsyncResource())
+            if #seen == 3 then t:close() end
+          end)
+          uv.fs_read(fd, 1, 0, function() req = ah.executionAsyncResource() end)
+        end)
+        uv.run()
+        print(seen[1] == seen[2], seen[2] == seen[3], seen[1].op, seen[1].handle == t,
+              req.op, req ~= seen[1], ah.executionAsyncResource() ~= seen[1])
+      ]], "true\ttrue\ttimer_start\ttrue\tfs_read\ttrue\ttrue\n")
+    end)
+
+    it("hooks enabled after its registration see its before and after, and a request's destroy", function()
+      fresh([[
+        local log, ids = {}, {}
+        local t = uv.new_timer()
+        v:run("q", function()
+          t:start(1, 0, function() ids.timer = ah.executionAsyncId(); t:close() end)
+          uv.fs_read(fd, 1, 0, function() ids.read = ah.executionAsyncId() end)
+        end)
+        ah.createHook {
+          before = function(id) log[#log + 1] = "before " .. id end,
+          after = function(id) log[#log + 1] = "after " .. id end,
+          destroy = function(id) log[#log + 1] = "destroy " .. id end,
+        }:enable()
+        uv.run()
+        local function has(x) for _, e in ipairs(log) do if e == x then return true end end return false end
+        print(has("before " .. ids.timer), has("after " .. ids.timer), has("before " .. ids.read),
+              has("after " .. ids.read), has("destroy " .. ids.read), core.stats().active)
+      ]], "true\ttrue\ttrue\ttrue\ttrue\t0\n")
+    end)
+
+    it("an error in its callback restores the context (a timer and a request)", function()
+      fresh([[
+        core.luv_flags(1 + 4) -- luv: no exit, no message
+        local t, t2 = uv.new_timer(), uv.new_timer()
+        local later
+        v:run("ctx", function()
+          t:start(1, 0, function() t:close(); v:set("dirty"); error("timer failed") end)
+          uv.fs_read(fd, 1, 0, function() v:set("dirty"); error("read failed") end)
+        end)
+        t2:start(20, 0, function() later = { v:get(), ah.executionAsyncId() }; t2:close() end)
+        uv.run()
+        print(later[1], later[2], v:get(), ah.executionAsyncId(), core.stats().active)
+      ]], "clean\t0\tclean\t1\t0\n")
+    end)
+
+    it("pending across uninstall(), it still runs in its context, with its ids", function()
+      fresh([[
+        local t = uv.new_timer()
+        local seen, outer = {}, nil
+        v:run("armed", function()
+          outer = ah.executionAsyncId()
+          t:start(1, 0, function()
+            seen.timer = { v:get(), ah.triggerAsyncId() == outer }
+            t:close()
+          end)
+          uv.fs_read(fd, 1, 0, function() seen.read = { v:get(), ah.triggerAsyncId() == outer } end)
+        end)
+        ah.uninstall() -- luv calls them without the library's cb_pcall
+        uv.run()
+        print(seen.timer[1], seen.timer[2], seen.read[1], seen.read[2], v:get(), core.stats().active)
+      ]], "armed\ttrue\tarmed\ttrue\tclean\t0\n")
+    end)
+
+    it("lets its callback and value go once it ended (both collectors)", function()
+      for _, mode in ipairs { "generational", "incremental" } do
+        fresh(([[
+          collectgarbage("%s")
+          local weak = setmetatable({}, { __mode = "k" })
+          local done = 0
+          do
+            local a, b = {}, {}
+            weak[a], weak[b] = true, true
+            v:run(a, function()
+              local t = uv.new_timer()
+              t:start(0, 0, function() done = done + 1; t:close() end)
+            end)
+            v:run(b, function() uv.fs_read(fd, 1, 0, function() done = done + 1 end) end)
+          end
+          uv.run()
+          collectgarbage("collect"); collectgarbage("collect")
+          print(done, next(weak))
+        ]]):format(mode), "2\tnil\n")
+      end
+    end)
+  end)
+
   it("a re-armed registration pending across uninstall() still runs in its context", function()
     local v = AsyncLocal.new()
     local t = uv.new_timer()

@@ -88,7 +88,7 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
 #define SLOT_NIL 2
 static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
   int t = lua_getiuservalue(L, h, 1), ok = 1;
-  if (t == LUA_TNIL) {
+  if (t == LUA_TNIL || t == LUA_TBOOLEAN) { /* true: a quick record's mark */
     ok = SLOT_NIL;
   } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
     ah_rec *other = ah_luv_record(L, lv, -1);
@@ -348,6 +348,45 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   return nres;
 }
 
+/* a quick record (see luv.h) takes the callback's place: a request, or
+** the first registration on a fresh handle (handle_idx 1), while nothing
+** but a frame observes it.  The handle keeps `true`: it was tracked, so a
+** re-arm takes the record path, which keeps its record there and reuses
+** it (a chain allocates nothing per step). */
+static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
+                   int n, int pos, int handle_idx) {
+  int i, nup = Q_N + sp->nf;
+  luaL_checkstack(L, nup + 2, "async_hooks");
+  lua_pushvalue(L, pos);           /* Q_CB */
+  lua_rawgeti(L, AH_UV_F, s);      /* Q_FRAME */
+  lua_pushinteger(L, st->next_id); /* Q_ID */
+  lua_pushinteger(L, st->slots[s].id); /* Q_TRIG */
+  lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
+  if (handle_idx) lua_pushvalue(L, handle_idx); else lua_pushnil(L); /* Q_RES */
+  for (i = 0; i < sp->nf; i++) { /* Q_A1... */
+    if (sp->f[i] <= n) lua_pushvalue(L, sp->f[i]); else lua_pushnil(L);
+  }
+  lua_pushcclosure(L, ah_luv_q_fn, nup); /* can fail: before any change */
+  lua_replace(L, pos);
+  st->next_id++;
+  sp->lv->records = 1;
+  if (sp->kind == W_HANDLE) { /* no allocation */
+    lua_pushboolean(L, 1);
+    lua_setiuservalue(L, 1, 1);
+  }
+  return sp->orig(L);
+}
+
+/* the handle at 1 keeps nothing (wrapped_tracked read its user value only
+** when some handle keeps a record) */
+static int fresh_handle(lua_State *L, const ah_state *st) {
+  int t;
+  if (st->handles) return 0; /* read, and not nil */
+  t = lua_getiuservalue(L, 1, 1);
+  lua_pop(L, 1);
+  return t == LUA_TNIL;
+}
+
 /* a new record takes the callback's place; stack: the n arguments (fresh:
 ** the handle at 1 keeps nothing, as its user value was just read) */
 static int track(lua_State *L, ah_state *st, const ah_luv *lv,
@@ -357,6 +396,8 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
   ah_rec *r;
+  if (!st->watched && (sp->kind == W_REQ || (keep && (fresh || fresh_handle(L, st)))))
+    return track_q(L, st, sp, s, n, pos, handle_idx);
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
   if (keep) keep = fresh ? SLOT_NIL : slot_reserve(L, lv, 1, sp->slot);

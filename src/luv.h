@@ -84,6 +84,23 @@ enum {
   REC_DESTROY = 4  /* destroy hooks saw its init: its destroy is due */
 };
 
+/* A quick record: what a registration that nothing but a frame observes
+** (no init or destroy hook enabled, executionAsyncResource() never called)
+** hands luv instead of a record, for requests and for the first
+** registration on a fresh handle: a C closure (ah_luv_q_fn) whose
+** upvalues are the record's fields.  One allocation, and a function, which
+** luv's callable check takes at once (a record costs it a __call lookup).
+** The dispatch reads the upvalues where it reads a record's user values;
+** luv calling it without the dispatch in front (after uninstall()) turns it
+** into a record first.  Upvalues: */
+enum {
+  Q_CB = 1, Q_FRAME, Q_ID, Q_TRIG,
+  Q_SPEC, /* the spec, a light pointer (anchored in LV_SPECS) */
+  Q_RES,  /* the resource once made (a table), else the handle (or nil) */
+  Q_A1,   /* then, specs with named arguments: their values */
+  Q_N = Q_RES
+};
+
 /* upvalue of a record closure (rec_fn), after the shared ones */
 #define RF_REC lua_upvalueindex(AH_NUP + 1)
 
@@ -91,6 +108,7 @@ enum {
 int ah_luv_rec_fn(lua_State *L);
 int ah_luv_rec_fn1(lua_State *L);
 int ah_luv_rec_call(lua_State *L);
+int ah_luv_q_fn(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
 int ah_luv_run(lua_State *L);
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);

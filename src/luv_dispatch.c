@@ -107,6 +107,57 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   return r && r->lv == lv ? r : NULL;
 }
 
+static void push_specp(lua_State *L, const ah_spec *sp);
+
+/* luv calls a quick record without the dispatch in front (after
+** uninstall(), or a caller that is not luv): it becomes a record, which is
+** called (its __call enters the context, calls the callback protected,
+** restores).  Allocates; rare. */
+int ah_luv_q_fn(lua_State *L) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
+  int n = lua_gettop(L), i, rec;
+  ah_rec *r;
+  luaL_checkstack(L, 6, "async_hooks");
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key); /* n+1 */
+  r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N + sp->nf);
+  rec = n + 2;
+  r->lv = sp->lv;
+  r->id = lua_tointeger(L, lua_upvalueindex(Q_ID));
+  r->trigger = lua_tointeger(L, lua_upvalueindex(Q_TRIG));
+  r->spec = sp;
+  r->frame = lua_topointer(L, lua_upvalueindex(Q_FRAME));
+  r->fslot = AH_FSLOT_MAX;
+  r->fgen = 0;
+  r->flags = sp->kind == W_REQ ? REC_ONESHOT : 0;
+  lua_getiuservalue(L, n + 1, LV_RECMT);
+  lua_setmetatable(L, rec);
+  if (sp->lv->st->res_on && lua_type(L, lua_upvalueindex(Q_RES)) != LUA_TTABLE) {
+    /* its resource, kept (a handle's keeps its identity from call to call) */
+    push_specp(L, sp);
+    lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* the handle, or nil */
+    lua_pushvalue(L, lua_upvalueindex(Q_A1));
+    lua_pushvalue(L, lua_upvalueindex(Q_A1 + 1));
+    ah_luv_new_resource(L, -4, -3, sp->nf > 0 ? -2 : 0, sp->nf > 1 ? -1 : 0);
+    lua_copy(L, -1, lua_upvalueindex(Q_RES));
+    lua_settop(L, rec);
+  }
+  lua_pushvalue(L, lua_upvalueindex(Q_CB));
+  lua_setiuservalue(L, rec, RV_CB);
+  lua_pushvalue(L, lua_upvalueindex(Q_FRAME));
+  lua_setiuservalue(L, rec, RV_FRAME);
+  if (lua_type(L, lua_upvalueindex(Q_RES)) == LUA_TTABLE) r->flags |= REC_RES;
+  lua_pushvalue(L, lua_upvalueindex(Q_RES));
+  lua_setiuservalue(L, rec, RV_RES);
+  for (i = 0; i < sp->nf; i++) {
+    lua_pushvalue(L, lua_upvalueindex(Q_A1 + i));
+    lua_setiuservalue(L, rec, RV_A1 + i);
+  }
+  lua_replace(L, n + 1);
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 /* push a new resource table for the record being made: {handle = h} */
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
                          int a2) {
@@ -131,13 +182,50 @@ void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
   }
 }
 
-/* push the spec of the record r (anchored in the state's LV_SPECS) */
-static void push_spec(lua_State *L, const ah_rec *r) {
+/* push the spec sp (anchored in the state's LV_SPECS) */
+static void push_specp(lua_State *L, const ah_spec *sp) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   lua_getiuservalue(L, -1, LV_SPECS);
-  lua_rawgetp(L, -1, r->spec);
+  lua_rawgetp(L, -1, sp);
   lua_replace(L, -3);
   lua_pop(L, 1);
+}
+
+/* push the spec of the record r */
+static void push_spec(lua_State *L, const ah_rec *r) {
+  push_specp(L, r->spec);
+}
+
+/* the asyncId of the quick record at idx */
+static lua_Integer q_id(lua_State *L, int idx) {
+  lua_Integer id;
+  lua_getupvalue(L, idx, Q_ID);
+  id = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return id;
+}
+
+/* the resource of the quick record at idx, made now if need be (and kept
+** in its Q_RES, so that a handle's keeps its identity); pushes it */
+static void q_resource(lua_State *L, int idx) {
+  const ah_spec *sp;
+  int top = lua_gettop(L);
+  idx = lua_absindex(L, idx);
+  if (lua_getupvalue(L, idx, Q_RES) && lua_type(L, -1) == LUA_TTABLE) return;
+  luaL_checkstack(L, 8, "async_hooks");
+  lua_getupvalue(L, idx, Q_SPEC);
+  sp = (const ah_spec *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  push_specp(L, sp);                 /* top+2 */
+  lua_getupvalue(L, idx, Q_A1);      /* top+3 (none: nil) */
+  lua_getupvalue(L, idx, Q_A1 + 1);  /* top+4 */
+  lua_settop(L, top + 4);
+  ah_luv_new_resource(L, top + 2, top + 1, sp->nf > 0 ? top + 3 : 0,
+                      sp->nf > 1 ? top + 4 : 0);
+  lua_pushvalue(L, -1);
+  lua_setupvalue(L, idx, Q_RES);
+  lua_replace(L, top + 1);
+  lua_settop(L, top + 1);
 }
 
 /* the record at idx gets its resource now (executionAsyncResource() was
@@ -182,6 +270,16 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   ah_rec *r = NULL;
   ah_luv *lv = NULL;
   luaL_checkstack(L, 6, "async_hooks");
+  if (lua_tocfunction(L, top) == ah_luv_q_fn) { /* a quick record's */
+    if (q_id(L, top) != st->slots[s].id) {
+      lua_pushboolean(L, 0);
+      lua_replace(L, top);
+      return 0;
+    }
+    q_resource(L, top);
+    lua_replace(L, top);
+    return 1;
+  }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
     lv = (ah_luv *)lua_touserdata(L, -1);
     r = ah_luv_record(L, lv, top);
@@ -324,31 +422,57 @@ static void frame_write(lua_State *L, ah_state *st, int s, int idx) {
   st->fgen++;
 }
 
-static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
-                        ah_rec *r, int base, int nargs, int nresults, int flags) {
+/* r: the record at base; q: base holds a quick record (r is NULL); neither:
+** a plain callback, run in the root context */
+static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
+                                         int s, ah_rec *r, int q, int base,
+                                         int nargs, int nresults, int flags) {
   int ret;
   int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
-  lua_Integer id = r ? r->id : 0;
-  size_t depth = st->cb_n - (r != NULL); /* the caller pushed r's entry */
-  int oneshot = r && (r->flags & REC_ONESHOT);
+  lua_Integer id = 0, trigger = 0;
+  size_t depth = st->cb_n - (r || q); /* the caller pushed r's (q's) entry */
+  int oneshot, has_res;
+  const void *rframe = NULL;
   ah_rec *pcur = lv->cur;
   lua_Integer pcur_id = lv->cur_id;
-  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, switched = 0;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote;
+  int switched = 0;
   unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
   else
     lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
-  if (r && (r->flags & REC_RES)) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
-  if (r)
-    lua_getiuservalue(L, base, RV_FRAME);
-  else if (had & A_FRAME)
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  else
+  if (q) { /* [nil frame cb] from its upvalues; its id is the one the
+            ** caller pushed on st->cb; its kind is read if need be (the
+            ** destroy of a request), its resource through R[s] */
+    id = st->cb[st->cb_n - 1];
+    lua_getupvalue(L, base, Q_TRIG);
+    trigger = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    has_res = oneshot = 0;
     lua_pushnil(L);
-  if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
+    lua_getupvalue(L, base, Q_FRAME);
+    rframe = lua_topointer(L, -1);
+    lua_getupvalue(L, base, Q_CB);
+  } else {
+    if (r) {
+      id = r->id;
+      trigger = r->trigger;
+      rframe = r->frame;
+    }
+    has_res = r && (r->flags & REC_RES);
+    oneshot = r && (r->flags & REC_ONESHOT);
+    if (has_res) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
+    if (r)
+      lua_getiuservalue(L, base, RV_FRAME);
+    else if (had & A_FRAME)
+      lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    else
+      lua_pushnil(L);
+    if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
+  }
   if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
   /* switch (hook errors end the process).  The frame entered is kept
   ** alive by its stack slot (D_FRAME) for as long as the callback runs, so
@@ -357,11 +481,11 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   ** meanwhile (any other write goes through set_frame_of, which anchors,
   ** and counts in st->fgen: then the leave restores in full) */
   st->slots[s].id = id;
-  st->slots[s].trigger = r ? r->trigger : 0;
-  if (r) {
-    if (r->frame != lua_topointer(L, pframe)) {
+  st->slots[s].trigger = trigger;
+  if (r || q) {
+    if (rframe != lua_topointer(L, pframe)) {
       frame_write(L, st, s, base + D_FRAME);
-      if (r->frame != st->empty)
+      if (rframe != st->empty)
         st->slots[s].anchored |= A_FRAME;
       else
         st->slots[s].anchored &= ~A_FRAME;
@@ -373,8 +497,13 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
     lv->cur_id = id;
     lv->cur_slot = s;
     lv->cur_wrote = 0;
-    if (r->flags & REC_RES) { /* R[s] holds it (no registry search) */
+    if (has_res) { /* R[s] holds it (no registry search) */
       lua_pushvalue(L, base + D_RES);
+      lua_rawseti(L, AH_UV_R, s);
+      lv->cur_wrote = 1;
+    } else if (q) { /* R[s] holds the quick record: its resource is made
+                    ** (or, made before, found) if asked for */
+      lua_pushvalue(L, base);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
     } else if (depth) { /* nested: R[s] may hold the outer one's */
@@ -408,12 +537,17 @@ static int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st, int s,
   }
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore */
-  if (st->cb_n != depth + (r != NULL)) {
+  if (st->cb_n != depth + (r || q)) {
     cb_unwind(L, st, depth);
-  } else if (r) {
+  } else if (r || q) {
     if (st->nhooks[AH_AFTER]) ah_emit_id(L, st, AH_AFTER, id);
     cb_pop(st);
     st->active--;
+  }
+  if (q && st->nhooks[AH_DESTROY]) { /* a request's (as a record's) */
+    lua_getupvalue(L, base, Q_SPEC);
+    oneshot = ((const ah_spec *)lua_touserdata(L, -1))->kind == W_REQ;
+    lua_pop(L, 1);
   }
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
@@ -619,7 +753,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_state *st;
   ah_rec *r;
   uintptr_t s;
-  int base, known, in_run;
+  int base, known, in_run, q;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
     lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
@@ -638,26 +772,36 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   /* no record: none was ever made (nothing was ever tracked), or a plain
   ** function while no record closure was ever made */
   r = NULL;
+  q = 0;
   if (lv->records) {
     int fi = lua_gettop(L) - nargs;
-    if (lv->closures && lua_tocfunction(L, fi) == ah_luv_rec_fn1) {
+    lua_CFunction f = lua_tocfunction(L, fi); /* NULL: not a C function */
+    if (f == ah_luv_rec_fn1 && lv->closures) {
       /* a re-armed slot's closure (luv.c's rearm makes them, always with
       ** a record of this state): luv runs the record from here on */
       lua_getupvalue(L, fi, 1);
       r = (ah_rec *)lua_touserdata(L, -1);
       lua_replace(L, fi);
+    } else if (f == ah_luv_q_fn) {
+      q = 1; /* a quick record (luv.h) */
     } else if (lua_type(L, fi) != LUA_TFUNCTION || lv->closures) {
       r = ah_luv_record(L, lv, fi);
     }
   }
-  if (!r && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
+  if (!r && !q && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
       !st->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   base = lua_gettop(L) - nargs;
+  /* a quick record whose resource is asked for (res_on) goes the slow way:
+  ** its function makes it a record */
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
-      !(r && !(r->flags & REC_RES) && st->res_on) && (!r || cb_push(st, r->id)))
-    return dispatch_run(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+      !(r && !(r->flags & REC_RES) && st->res_on) && !(q && st->res_on) &&
+      (!r || cb_push(st, r->id)) && (!q || cb_push(st, q_id(L, base)))) {
+    /* two copies, so that the record's path pays nothing for the quick one */
+    if (q) return dispatch_run(L, lv, st, (int)s, NULL, 1, base, nargs, nresults, flags);
+    return dispatch_run(L, lv, st, (int)s, r, 0, base, nargs, nresults, flags);
+  }
   if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   return dispatch_slow(L, lv, nargs, nresults, flags);
 }
