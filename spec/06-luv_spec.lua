@@ -568,6 +568,7 @@ describe("luv integration", function()
   describe("quick records (a request, or the first registration on a fresh handle, observed by a frame only)", function()
     local PRELUDE = [[
       local uv = require("luv")
+      package.loaded["luv.rawrun"] = uv.run -- luv's own, taken before install
       local ah = require("async_hooks").install()
       local core = require("async_hooks.core")
       local v = ah.AsyncLocal.new { default = "clean" }
@@ -658,6 +659,89 @@ describe("luv integration", function()
         print(seen[1] == seen[2], seen[2] == seen[3], seen[1].op, seen[1].handle == t,
               req.op, req ~= seen[1], ah.executionAsyncResource() ~= seen[1])
       ]], "true\ttrue\ttimer_start\ttrue\tfs_read\ttrue\ttrue\n")
+    end)
+
+    it("its resource keeps its identity where the dispatch is not in front (after uninstall, uv.run from a coroutine, a uv.run taken before install)", function()
+      for _, how in ipairs { "uninstall", "coroutine", "raw" } do
+        fresh(([[
+          local how = %q
+          local rawrun = package.loaded["luv.rawrun"]
+          local t = uv.new_timer()
+          local seen = {}
+          v:run(1, function()
+            t:start(1, 1, function()
+              seen[#seen + 1] = ah.executionAsyncResource()
+              if #seen == 3 then t:close() end
+            end)
+          end)
+          if how == "uninstall" then ah.uninstall(); uv.run()
+          elseif how == "coroutine" then coroutine.wrap(function() uv.run() end)()
+          else rawrun() end
+          print(seen[1] == seen[2], seen[2] == seen[3], seen[1].op, seen[1].handle == t)
+        ]]):format(how), "true\ttrue\ttimer_start\ttrue\n")
+      end
+    end)
+
+    it("an error in its callback keeps its traceback when it runs as a record (resource asked for meanwhile)", function()
+      local function run(record)
+        local status, out, err = H.run_lua(PRELUDE .. ([[
+          core.luv_flags(1) -- luv: no exit, the message kept
+          local function inner() error("boom") end
+          local function cb() inner() end
+          v:run(1, function()
+            local t = uv.new_timer()
+            if %s then t:start(1, 0, function() end) end -- then a record
+            t:start(1, 0, function() t:close(); cb() end)
+          end)
+          ah.executionAsyncResource() -- from now on a quick record runs as a record
+          uv.run()
+          print("done")
+        ]]):format(tostring(record)))
+        return status, out, (err:gsub("/tmp/lua_%w+", "SCRIPT"))
+      end
+      local s1, o1, e1 = run(false)
+      local s2, o2, e2 = run(true)
+      assert.equal(0, s1)
+      assert.equal("done\n", o1)
+      assert.truthy(e1:find("in upvalue 'inner'", 1, true))
+      assert.equal(s2, s1)
+      assert.equal(o2, o1)
+      assert.equal(e2, e1)
+    end)
+
+    it("an asyncId taken by a finalizer while it is made is not its own too", function()
+      for _, mode in ipairs { "generational", "incremental" } do
+        fresh(([[
+          collectgarbage(%q)
+          local fin, ids = {}, {}
+          v:run("x", function()
+            for _ = 1, 20000 do
+              setmetatable({}, { __gc = function() fin[ah.AsyncResource.new("FIN"):asyncId()] = true end })
+              uv.fs_stat(".", function() ids[#ids + 1] = ah.executionAsyncId() end)
+            end
+          end)
+          uv.run()
+          local dup, seen = 0, {}
+          for _, id in ipairs(ids) do
+            if fin[id] or seen[id] then dup = dup + 1 end
+            seen[id] = true
+          end
+          print(#ids, dup)
+        ]]):format(mode), "20000\t0\n")
+      end
+    end)
+
+    it("a handle luv refused keeps nothing", function()
+      fresh([[
+        local idle, t = uv.new_idle(), uv.new_timer()
+        local ok
+        v:run(1, function() ok = pcall(uv.timer_start, idle, 0, 0, function() end) end)
+        v:run(1, function() t:start(0, 0, function() t:close() end) end)
+        uv.run()
+        idle:close()
+        uv.run()
+        print(ok, (debug.getuservalue(idle, 1)), (debug.getuservalue(t, 1)))
+      ]], "false\tnil\ttrue\n")
     end)
 
     it("hooks enabled after its registration see its before and after, and a request's destroy", function()

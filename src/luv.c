@@ -350,16 +350,20 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
 
 /* a quick record (see luv.h) takes the callback's place: a request, or
 ** the first registration on a fresh handle (handle_idx 1), while nothing
-** but a frame observes it.  The handle keeps `true`: it was tracked, so a
-** re-arm takes the record path, which keeps its record there and reuses
-** it (a chain allocates nothing per step). */
+** but a frame observes it.  The handle keeps `true` once luv accepted it:
+** it was tracked, so a re-arm takes the record path, which keeps its record
+** there and reuses it (a chain allocates nothing per step).  Returns -1,
+** having changed nothing, when a finalizer run by the allocation made the
+** registration observable (a hook, a resource asked for): a record then. */
 static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
-  int i, nup = Q_N + sp->nf;
+  int i, nres, nup = Q_N + sp->nf;
+  lua_Integer id;
   luaL_checkstack(L, nup + 2, "async_hooks");
-  lua_pushvalue(L, pos);           /* Q_CB */
-  lua_rawgeti(L, AH_UV_F, s);      /* Q_FRAME */
-  lua_pushinteger(L, st->next_id); /* Q_ID */
+  id = st->next_id++; /* taken first: a finalizer may take ids meanwhile */
+  lua_pushvalue(L, pos);               /* Q_CB */
+  lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
+  lua_pushinteger(L, id);              /* Q_ID */
   lua_pushinteger(L, st->slots[s].id); /* Q_TRIG */
   lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
   if (handle_idx) lua_pushvalue(L, handle_idx); else lua_pushnil(L); /* Q_RES */
@@ -367,14 +371,18 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     if (sp->f[i] <= n) lua_pushvalue(L, sp->f[i]); else lua_pushnil(L);
   }
   lua_pushcclosure(L, ah_luv_q_fn, nup); /* can fail: before any change */
+  if (ah_unlikely(st->watched)) {
+    lua_pop(L, 1);
+    return -1;
+  }
   lua_replace(L, pos);
-  st->next_id++;
   sp->lv->records = 1;
-  if (sp->kind == W_HANDLE) { /* no allocation */
+  nres = sp->orig(L);
+  if (sp->kind == W_HANDLE) { /* accepted; no allocation */
     lua_pushboolean(L, 1);
     lua_setiuservalue(L, 1, 1);
   }
-  return sp->orig(L);
+  return nres;
 }
 
 /* the handle at 1 keeps nothing (wrapped_tracked read its user value only
@@ -396,8 +404,10 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
   ah_rec *r;
-  if (!st->watched && (sp->kind == W_REQ || (keep && (fresh || fresh_handle(L, st)))))
-    return track_q(L, st, sp, s, n, pos, handle_idx);
+  if (!st->watched && (sp->kind == W_REQ || (keep && (fresh || fresh_handle(L, st))))) {
+    int nres = track_q(L, st, sp, s, n, pos, handle_idx);
+    if (nres >= 0) return nres;
+  }
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
   if (keep) keep = fresh ? SLOT_NIL : slot_reserve(L, lv, 1, sp->slot);

@@ -92,67 +92,94 @@ int ah_luv_rec_fn1(lua_State *L) {
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
   ah_rec *r;
   if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
-    lua_CFunction f;
+    lua_CFunction f = lua_tocfunction(L, idx);
     int up;
-    if (!lv->closures) return NULL;
-    f = lua_tocfunction(L, idx);
-    if (f == ah_luv_rec_fn1) up = 1;
+    if (f == ah_luv_q_fn) up = Q_RES; /* its record, once made (q_record) */
+    else if (!lv->closures) return NULL;
+    else if (f == ah_luv_rec_fn1) up = 1;
     else if (f == ah_luv_rec_fn) up = AH_NUP + 1;
     else return NULL;
     if (idx < 0) idx = lua_absindex(L, idx);
     lua_getupvalue(L, idx, up);
+    if (up == Q_RES && lua_rawlen(L, -1) != sizeof(ah_rec)) {
+      lua_pop(L, 1); /* the resource, the handle or nil: no record yet */
+      return NULL;
+    }
     lua_replace(L, idx);
   }
   r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
   return r && r->lv == lv ? r : NULL;
 }
 
-static void push_specp(lua_State *L, const ah_spec *sp);
-
-/* luv calls a quick record without the dispatch in front (after
-** uninstall(), or a caller that is not luv): it becomes a record, which is
-** called (its __call enters the context, calls the callback protected,
-** restores).  Allocates; rare. */
-int ah_luv_q_fn(lua_State *L) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
-  int n = lua_gettop(L), i, rec;
+/* The record of a quick record, for the paths that need one (the slow
+** dispatch, luv calling it without the dispatch in front): made once from
+** its fields, the values at base .. top (its upvalues, in order), which are
+** replaced by it; kept in its Q_RES from then on, so that every path finds
+** the same record, and the same resource.  Allocates. */
+static ah_rec *q_build(lua_State *L, int base) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, base + Q_SPEC - 1);
+  int i, rec;
   ah_rec *r;
-  luaL_checkstack(L, 6, "async_hooks");
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key); /* n+1 */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N + sp->nf);
-  rec = n + 2;
+  rec = lua_gettop(L);
   r->lv = sp->lv;
-  r->id = lua_tointeger(L, lua_upvalueindex(Q_ID));
-  r->trigger = lua_tointeger(L, lua_upvalueindex(Q_TRIG));
+  r->id = lua_tointeger(L, base + Q_ID - 1);
+  r->trigger = lua_tointeger(L, base + Q_TRIG - 1);
   r->spec = sp;
-  r->frame = lua_topointer(L, lua_upvalueindex(Q_FRAME));
+  r->frame = lua_topointer(L, base + Q_FRAME - 1);
   r->fslot = AH_FSLOT_MAX;
   r->fgen = 0;
   r->flags = sp->kind == W_REQ ? REC_ONESHOT : 0;
-  lua_getiuservalue(L, n + 1, LV_RECMT);
+  lua_getiuservalue(L, rec - 1, LV_RECMT);
   lua_setmetatable(L, rec);
-  if (sp->lv->st->res_on && lua_type(L, lua_upvalueindex(Q_RES)) != LUA_TTABLE) {
-    /* its resource, kept (a handle's keeps its identity from call to call) */
-    push_specp(L, sp);
-    lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* the handle, or nil */
-    lua_pushvalue(L, lua_upvalueindex(Q_A1));
-    lua_pushvalue(L, lua_upvalueindex(Q_A1 + 1));
-    ah_luv_new_resource(L, -4, -3, sp->nf > 0 ? -2 : 0, sp->nf > 1 ? -1 : 0);
-    lua_copy(L, -1, lua_upvalueindex(Q_RES));
-    lua_settop(L, rec);
-  }
-  lua_pushvalue(L, lua_upvalueindex(Q_CB));
+  lua_pushvalue(L, base + Q_CB - 1);
   lua_setiuservalue(L, rec, RV_CB);
-  lua_pushvalue(L, lua_upvalueindex(Q_FRAME));
+  lua_pushvalue(L, base + Q_FRAME - 1);
   lua_setiuservalue(L, rec, RV_FRAME);
-  if (lua_type(L, lua_upvalueindex(Q_RES)) == LUA_TTABLE) r->flags |= REC_RES;
-  lua_pushvalue(L, lua_upvalueindex(Q_RES));
+  if (lua_type(L, base + Q_RES - 1) == LUA_TTABLE) r->flags |= REC_RES;
+  lua_pushvalue(L, base + Q_RES - 1); /* its resource, else the handle */
   lua_setiuservalue(L, rec, RV_RES);
   for (i = 0; i < sp->nf; i++) {
-    lua_pushvalue(L, lua_upvalueindex(Q_A1 + i));
+    lua_pushvalue(L, base + Q_A1 - 1 + i);
     lua_setiuservalue(L, rec, RV_A1 + i);
   }
-  lua_replace(L, n + 1);
+  lua_replace(L, base);
+  lua_settop(L, base);
+  return r;
+}
+
+/* the quick record at idx is replaced by its record (made if need be) */
+static ah_rec *q_record(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r;
+  int base;
+  idx = lua_absindex(L, idx);
+  if ((r = ah_luv_record(L, lv, idx)) != NULL) return r; /* made before */
+  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  base = lua_gettop(L) + 1;
+  while (lua_getupvalue(L, idx, lua_gettop(L) - base + 2)) {}
+  r = q_build(L, base);
+  lua_pushvalue(L, -1);
+  lua_setupvalue(L, idx, Q_RES);
+  lua_replace(L, idx);
+  return r;
+}
+
+/* luv calls a quick record without the dispatch in front (after
+** uninstall(), or a caller that is not luv): its record is called (its
+** __call enters the context, calls the callback protected, restores) */
+int ah_luv_q_fn(lua_State *L) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
+  int n = lua_gettop(L), i;
+  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  if (lua_rawlen(L, lua_upvalueindex(Q_RES)) == sizeof(ah_rec) &&
+      ((const ah_rec *)lua_touserdata(L, lua_upvalueindex(Q_RES)))->lv == sp->lv) {
+    lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* made before */
+  } else {
+    for (i = 1; i <= Q_N + sp->nf; i++) lua_pushvalue(L, lua_upvalueindex(i));
+    q_build(L, n + 1);
+    lua_copy(L, -1, lua_upvalueindex(Q_RES));
+  }
   lua_insert(L, 1);
   lua_call(L, n, LUA_MULTRET);
   return lua_gettop(L);
@@ -206,7 +233,8 @@ static lua_Integer q_id(lua_State *L, int idx) {
 }
 
 /* the resource of the quick record at idx, made now if need be (and kept
-** in its Q_RES, so that a handle's keeps its identity); pushes it */
+** in its Q_RES, or in its record once it has one, so that a handle's keeps
+** its identity); pushes it */
 static void q_resource(lua_State *L, int idx) {
   const ah_spec *sp;
   int top = lua_gettop(L);
@@ -216,6 +244,14 @@ static void q_resource(lua_State *L, int idx) {
   lua_getupvalue(L, idx, Q_SPEC);
   sp = (const ah_spec *)lua_touserdata(L, -1);
   lua_pop(L, 1);
+  if (lua_rawlen(L, -1) == sizeof(ah_rec) &&
+      ((ah_rec *)lua_touserdata(L, -1))->lv == sp->lv) { /* its record's */
+    ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
+    if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, -1);
+    lua_getiuservalue(L, -1, RV_RES);
+    lua_replace(L, -2);
+    return;
+  }
   push_specp(L, sp);                 /* top+2 */
   lua_getupvalue(L, idx, Q_A1);      /* top+3 (none: nil) */
   lua_getupvalue(L, idx, Q_A1 + 1);  /* top+4 */
@@ -598,7 +634,10 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 static int luv_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
-  ah_rec *r = ah_luv_record(L, lv, 1);
+  /* a quick record runs as its record (luv then calls the callback itself,
+  ** which keeps its traceback whole) */
+  ah_rec *r = lua_tocfunction(L, 1) == ah_luv_q_fn ? q_record(L, lv, 1)
+                                                   : ah_luv_record(L, lv, 1);
   int s = ah_slot_of(L, st);
   luaL_checkstack(L, 24, "async_hooks");
   lua_settop(L, 1);
