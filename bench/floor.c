@@ -81,7 +81,10 @@ typedef struct fl_state {
   lua_Integer next_id;  /* asyncIds of tracked registrations */
   lua_Integer n_tracked, n_entered; /* request floor: the case checks these */
   int free_slot;        /* head of the free slots (next_free), -1: none */
-  int fref, eref;       /* registry refs of F and of the root's empty frame */
+  int fref, eref, rref; /* registry refs of F, of the root's empty frame, of R */
+  int faithful;         /* luv_attach(true): callbacks as the library runs them */
+  lua_CFunction run;    /* luv's uv.run (wrap_run) */
+  lua_Integer n_direct; /* captures whose callback luv called itself */
   fl_slot inline_slots[FL_CAP];
 } fl_state;
 
@@ -448,6 +451,64 @@ static FL_NOINLINE int slow_pcall(lua_State *L, int nargs, int nresults,
   return st->luv_pcall(L, nargs, nresults, flags);
 }
 
+/* The floor's uv.run (wrap_run): luv's, called in this C closure's frame,
+** so that fl_cb_pcall, which luv calls from inside it, reads this
+** closure's upvalues (the library's uv.run wrapper does the same). */
+#define FR_F lua_upvalueindex(1)    /* F */
+#define FR_R lua_upvalueindex(2)    /* R: slot -> the running capture */
+#define FR_MARK lua_upvalueindex(3) /* &fl_key: we run inside fl_run */
+static int fl_run(lua_State *L) {
+  luaL_checkstack(L, LUA_MINSTACK + 8, "floor");
+  return cache_st->run(L);
+}
+
+/* A capture's callback run the way the library must run it (the faithful
+** mode): luv calls the user's function itself (an error's traceback is the
+** one luv prints without any library: no frame of ours in it), so its
+** context is entered here, around luv's own cb_pcall, with the frame kept
+** alive on the stack below the function; R[s] holds the capture while it
+** runs (what lets a resource be made lazily, as the library's R[s] does).
+** Stack [X args] -> [X prev frame cb args] while it runs. */
+static int fl_dispatch(lua_State *L, fl_state *st, int s, int nargs,
+                       int nresults, int flags) {
+  int base = lua_gettop(L) - nargs, ret;
+  fl_slot *sl = &st->slots[s];
+  lua_Integer pid = sl->id, ptrig = sl->trigger;
+  lua_getupvalue(L, base, 3);
+  lua_getupvalue(L, base, 4);
+  sl->id = lua_tointeger(L, -2);
+  sl->trigger = lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  lua_rawgeti(L, FR_F, s);      /* prev */
+  lua_getupvalue(L, base, 2);   /* frame */
+  lua_getupvalue(L, base, 1);   /* cb */
+  if (nargs) lua_rotate(L, base + 1, 3);
+  lua_pushvalue(L, base + 2);
+  lua_rawseti(L, FR_F, s);
+  lua_pushvalue(L, base);
+  lua_rawseti(L, FR_R, s);
+  sl->anchored |= FL_A_FRAME;
+  st->n_entered++;
+  st->n_direct++;
+  st->n_pcalls++;
+  ret = st->luv_pcall(L, nargs, nresults, flags);
+  sl = &st->slots[s];
+  lua_pushvalue(L, base + 1);
+  lua_rawseti(L, FR_F, s);
+  lua_pushnil(L);
+  lua_rawseti(L, FR_R, s);
+  sl->anchored &= (unsigned char)~FL_A_FRAME;
+  sl->id = pid;
+  sl->trigger = ptrig;
+  if (nresults == 0) {
+    lua_settop(L, base - 1);
+  } else { /* [X prev frame results] -> [results] */
+    lua_rotate(L, base, -3);
+    lua_pop(L, 3);
+  }
+  return ret;
+}
+
 /* the cb_pcall replacement: see the top of the file */
 static int fl_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   fl_state *st = cache_st;
@@ -458,6 +519,11 @@ static int fl_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
                   st->busy || (st->slots[s].anchored & FL_A_FRAME) ||
                   lua_type(L, -(nargs + 1)) != LUA_TFUNCTION))
     return slow_pcall(L, nargs, nresults, flags);
+  if (st->faithful && lua_tocfunction(L, -(nargs + 1)) == fl_cb) {
+    if (fl_unlikely(lua_touserdata(L, FR_MARK) != (void *)&fl_key))
+      return slow_pcall(L, nargs, nresults, flags); /* not inside fl_run */
+    return fl_dispatch(L, st, (int)s, nargs, nresults, flags);
+  }
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
   st->slots[s].id = st->slots[s].trigger = 0;
@@ -488,6 +554,7 @@ static int fl_luv_attach(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &fl_key);
   st->luv_pcall = ctx->cb_pcall;
   ctx->cb_pcall = fl_cb_pcall;
+  st->faithful = lua_toboolean(L, 1);
   cache_L = ctx->L;
   cache_st = st;
   { /* the library's registry warm-up (src/luv.c, warm_registry): any
@@ -502,8 +569,22 @@ static int fl_luv_attach(lua_State *L) {
   return 0;
 }
 
+/* wrap_run(run) -> the floor's uv.run (fl_run) over luv's C function */
+static int fl_wrap_run(lua_State *L) {
+  fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
+  lua_CFunction f = lua_tocfunction(L, 1);
+  luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
+                   "C function without upvalues");
+  st->run = f;
+  lua_pushvalue(L, FL_F);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->rref);
+  lua_pushlightuserdata(L, (void *)&fl_key);
+  lua_pushcclosure(L, fl_run, 3);
+  return 1;
+}
+
 /* counts() -> wrapper calls, fast cb_pcall calls, slow ones, tracked
-** registrations, tracked callbacks entered */
+** registrations, tracked callbacks entered, of which run faithfully */
 static int fl_counts(lua_State *L) {
   const fl_state *st = (const fl_state *)lua_touserdata(L, FL_ST);
   lua_pushinteger(L, st->n_wrapped);
@@ -511,7 +592,8 @@ static int fl_counts(lua_State *L) {
   lua_pushinteger(L, st->n_slow);
   lua_pushinteger(L, st->n_tracked);
   lua_pushinteger(L, st->n_entered);
-  return 5;
+  lua_pushinteger(L, st->n_direct);
+  return 6;
 }
 
 /* ------------------------------------------------------------------- */
@@ -528,6 +610,7 @@ static int fl_new(lua_State *L) {
     {"set", fl_set}, {"token", fl_token}, {"wrap", fl_wrap},
     {"luv_attach", fl_luv_attach}, {"counts", fl_counts},
     {"lset", fl_lset}, {"wrapco", fl_wrapco}, {"track", fl_track},
+    {"wrap_run", fl_wrap_run},
     {NULL, NULL}
   };
   memset(st, 0, sizeof *st);
@@ -548,6 +631,8 @@ static int fl_new(lua_State *L) {
   lua_rawseti(L, -2, (lua_Integer)s);
   lua_pushvalue(L, -1);
   st->fref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_createtable(L, FL_CAP, 0); /* R */
+  st->rref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, 2);
   lua_createtable(L, 0, 1); /* frames' metatable */
   lua_pushliteral(L, "k");

@@ -58,7 +58,7 @@ function M.run()
   local base
   -- "floor": the AsyncLocal row's measured floor (bench/floor.c)
   local floor = U.build_floor()
-  for _, ctx in ipairs { "none", "asynclocal", "hooks", floor and "floor" or nil } do
+  for _, ctx in ipairs { "none", "asynclocal", "hooks", floor and "floor" or nil, floor and "floor_light" or nil } do
     local i1, n1 = run(ctx, SHORT)
     local i2, n2 = run(ctx, LONG)
     local per = (i2 - i1) / (n2 - n1)

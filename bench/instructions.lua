@@ -64,6 +64,8 @@ M.INFO = {
     "request", "value", "request", "raw" },
   { "the same with the floor of that work (bench/floor.c: the HTTP AsyncLocal row's measured floor)",
     "request_floor", "raw", "request", "raw" },
+  { "... and with a floor that lets luv call its closure (an extra C frame in tracebacks, no lazy resource)",
+    "request_floor_light", "raw", "request", "raw" },
   { "its parts, value set vs nothing set: the coroutine and set() alone",
     "request_coro", "value", "request_coro", "installed" },
   { "... + sleep(0) on a new timer", "request_sleep", "value", "request_sleep", "installed" },
@@ -73,7 +75,7 @@ M.INFO = {
 --- Operations per measured run of each case (times BENCH_SCALE).
 local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
-  request = 2000, request_floor = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000,
+  request = 2000, request_floor = 2000, request_floor_light = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000,
   timer_chain_floor = 10000, switch_floor = 50000, get_floor = 100000 }
 
 local function key(case, variant) return case .. "/" .. variant end
