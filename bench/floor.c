@@ -1,7 +1,8 @@
 /*
-** floor.c - bench-only: the cheapest code that still does three operations
-** of the library correctly, measured by bench/cg_case.lua the same way as
-** the library (the floors of three issue-9 rows, see bench/README.md).
+** floor.c - bench-only: the cheapest code that still does four operations
+** of the library correctly, measured by bench/cg_case.lua (and the HTTP
+** bench) the same way as the library (the floors of four issue-9 rows, see
+** bench/README.md).
 ** Not part of the library; built by the bench (util.lua, build_floor) into
 ** build/bench/floor.so with the library's compiler flags.  It does not link
 ** liblua: the Lua API comes from the interpreter that loads it.
@@ -24,6 +25,14 @@
 **    checks that the callback is a plain function and that the loop's
 **    thread has nothing set, runs luv's own cb_pcall in the root context
 **    (ids 0) and restores the ids.
+**  - the HTTP request path with a value set: wrapco/resume (a slot per
+**    coroutine from a free list, ids, the creator's frame; the slot given
+**    back at the end), lset (a new weak-keyed frame), get, track (a
+**    callback-taking luv function's wrapper: with a frame set the callback
+**    becomes a C closure over its context, fl_cb) and, with
+**    luv_attach(true) and wrap_run, the dispatch the library must do for
+**    it (fl_dispatch: luv calls the user's function itself); without,
+**    luv calls fl_cb, which calls the callback (the "light" floor).
 ** What needs more than that (a thread whose slot is not its own, something
 ** set, a hook) is refused or counted: the floor has only the fast paths,
 ** and the cases check that they were taken.
