@@ -310,14 +310,14 @@ local function request_floor(faithful)
       :format(tracked, entered, direct, pcalls, slow, n))
   -- a callback runs in the context of its registration, the loop in none;
   -- an error in it leaves the loop's context clean
-  local seen, after = "unset", "unset"
+  local seen = "unset"
   F.wrapco(function()
     fv:set(7)
     local t = uv.new_timer()
     t:start(0, 0, function() seen = fv:get(); t:close() end)
   end)()
   uv.run()
-  after = fv:get()
+  local after = fv:get()
   assert(seen == 7 and after == nil and wrapped >= 0,
     ("floor callback saw %s, the loop %s"):format(tostring(seen), tostring(after)))
   return detail .. (faithful and " (floor)" or " (light floor)")

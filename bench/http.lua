@@ -209,7 +209,8 @@ function M.run()
     if floor_meets then return false, "missed (the floor meets it)" end
     return near_floor, near_floor and "ok by the floor rule" or "missed (> 5 % below the floor)"
   end
-  local als_ok, als_note = false, ""
+  local als_ok
+  local als_note = ""
   do
     local ok1, why1 = half(meets("lua asynclocal", als, 0.95), fl and meets("lua floor", fl, 0.95))
     local ok2, why2 = true, "met"

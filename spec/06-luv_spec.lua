@@ -661,7 +661,8 @@ describe("luv integration", function()
       ]], "true\ttrue\ttimer_start\ttrue\tfs_read\ttrue\ttrue\n")
     end)
 
-    it("its resource keeps its identity where the dispatch is not in front (after uninstall, uv.run from a coroutine, a uv.run taken before install)", function()
+    it("its resource keeps its identity where the dispatch is not in front"
+      .. " (after uninstall, uv.run from a coroutine, a uv.run taken before install)", function()
       for _, how in ipairs { "uninstall", "coroutine", "raw" } do
         fresh(([[
           local how = %q

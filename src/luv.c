@@ -357,9 +357,8 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
 ** registration observable (a hook, a resource asked for): a record then. */
 static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
-  int i, nres, nup = Q_N + sp->nf;
+  int i, nres, nup = Q_N + sp->nf; /* at most 8 pushes: within LUA_MINSTACK */
   lua_Integer id;
-  luaL_checkstack(L, nup + 2, "async_hooks");
   id = st->next_id++; /* taken first: a finalizer may take ids meanwhile */
   lua_pushvalue(L, pos);               /* Q_CB */
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */

@@ -232,6 +232,17 @@ static lua_Integer q_id(lua_State *L, int idx) {
   return id;
 }
 
+/* ... and its triggerAsyncId, in one go */
+static lua_Integer q_ids(lua_State *L, int idx, lua_Integer *trigger) {
+  lua_Integer id;
+  lua_getupvalue(L, idx, Q_ID);
+  lua_getupvalue(L, idx, Q_TRIG);
+  id = lua_tointeger(L, -2);
+  *trigger = lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  return id;
+}
+
 /* the resource of the quick record at idx, made now if need be (and kept
 ** in its Q_RES, or in its record once it has one, so that a handle's keeps
 ** its identity); pushes it */
@@ -461,8 +472,9 @@ static void frame_write(lua_State *L, ah_state *st, int s, int idx) {
 /* r: the record at base; q: base holds a quick record (r is NULL); neither:
 ** a plain callback, run in the root context */
 static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
-                                         int s, ah_rec *r, int q, int base,
-                                         int nargs, int nresults, int flags) {
+                                         int s, ah_rec *r, int q, lua_Integer qtrig,
+                                         int base, int nargs, int nresults,
+                                         int flags) {
   int ret;
   int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
@@ -480,17 +492,16 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   else
     lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UV_F, s);
-  if (q) { /* [nil frame cb] from its upvalues; its id is the one the
-            ** caller pushed on st->cb; its kind is read if need be (the
-            ** destroy of a request), its resource through R[s] */
+  if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
+            ** caller read (the id pushed on st->cb); its kind is read if
+            ** need be (the destroy of a request), its resource through
+            ** R[s]; its frame is never the empty one (a quick record is
+            ** made only where a frame is set): it is always switched */
     id = st->cb[st->cb_n - 1];
-    lua_getupvalue(L, base, Q_TRIG);
-    trigger = lua_tointeger(L, -1);
-    lua_pop(L, 1);
+    trigger = qtrig;
     has_res = oneshot = 0;
     lua_pushnil(L);
     lua_getupvalue(L, base, Q_FRAME);
-    rframe = lua_topointer(L, -1);
     lua_getupvalue(L, base, Q_CB);
   } else {
     if (r) {
@@ -519,9 +530,9 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
   if (r || q) {
-    if (rframe != lua_topointer(L, pframe)) {
+    if (q || rframe != lua_topointer(L, pframe)) {
       frame_write(L, st, s, base + D_FRAME);
-      if (rframe != st->empty)
+      if (q || rframe != st->empty)
         st->slots[s].anchored |= A_FRAME;
       else
         st->slots[s].anchored &= ~A_FRAME;
@@ -793,6 +804,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ah_rec *r;
   uintptr_t s;
   int base, known, in_run, q;
+  lua_Integer qtrig = 0;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
     lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
@@ -812,8 +824,9 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   ** function while no record closure was ever made */
   r = NULL;
   q = 0;
+  base = 0;
   if (lv->records) {
-    int fi = lua_gettop(L) - nargs;
+    int fi = base = lua_gettop(L) - nargs;
     lua_CFunction f = lua_tocfunction(L, fi); /* NULL: not a C function */
     if (f == ah_luv_rec_fn1 && lv->closures) {
       /* a re-armed slot's closure (luv.c's rearm makes them, always with
@@ -830,16 +843,16 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   if (!r && !q && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
       !st->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
-  base = lua_gettop(L) - nargs;
+  if (!base) base = lua_gettop(L) - nargs;
   /* a quick record whose resource is asked for (res_on) goes the slow way:
   ** its function makes it a record */
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && !(q && st->res_on) &&
-      (!r || cb_push(st, r->id)) && (!q || cb_push(st, q_id(L, base)))) {
+      (!r || cb_push(st, r->id)) && (!q || cb_push(st, q_ids(L, base, &qtrig)))) {
     /* two copies, so that the record's path pays nothing for the quick one */
-    if (q) return dispatch_run(L, lv, st, (int)s, NULL, 1, base, nargs, nresults, flags);
-    return dispatch_run(L, lv, st, (int)s, r, 0, base, nargs, nresults, flags);
+    if (q) return dispatch_run(L, lv, st, (int)s, NULL, 1, qtrig, base, nargs, nresults, flags);
+    return dispatch_run(L, lv, st, (int)s, r, 0, 0, base, nargs, nresults, flags);
   }
   if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   return dispatch_slow(L, lv, nargs, nresults, flags);
