@@ -683,6 +683,30 @@ describe("luv integration", function()
       end
     end)
 
+    it("a resource whose length is a record's size is not taken for its record", function()
+      -- a table's raw length is its border: a resource with as many array
+      -- entries as a record has bytes once passed for a record (a crash)
+      for _, how in ipairs { "slow", "uninstall" } do
+        fresh(([[
+          local how, k, ops = %q, 0, {}
+          local size = core.luv_record_size
+          local t = uv.new_timer()
+          v:run(1, function()
+            t:start(1, 1, function()
+              k = k + 1
+              local res = ah.executionAsyncResource()
+              if k == 1 then for i = 1, size do res[i] = i end end
+              ops[k] = tostring(res.op) .. ":" .. tostring(#res == size) .. ":" .. tostring(v:get())
+              if k == 1 and how == "uninstall" then ah.uninstall() end
+              if k == 3 then t:close() end
+            end)
+          end)
+          uv.run()
+          print(table.concat(ops, " "), size > 0)
+        ]]):format(how), "timer_start:true:1 timer_start:true:1 timer_start:true:1\ttrue\n")
+      end
+    end)
+
     it("an error in its callback keeps its traceback when it runs as a record (resource asked for meanwhile)", function()
       local function run(record)
         local status, out, err = H.run_lua(PRELUDE .. ([[

@@ -677,4 +677,6 @@ static const luaL_Reg luv_funcs[] = {
 void ah_open_luv(lua_State *L) {
   ah_st(L)->lazy_resource = ah_luv_resource;
   ah_add_funcs(L, luv_funcs);
+  lua_pushinteger(L, (lua_Integer)sizeof(ah_rec)); /* for the specs */
+  lua_setfield(L, -2, "luv_record_size");
 }

@@ -86,6 +86,14 @@ int ah_luv_rec_fn1(lua_State *L) {
   return lua_gettop(L);
 }
 
+/* the value at idx is a record of this state: a full userdata of a
+** record's size whose first field is lv (a table's raw length is its
+** border, which can be anything: the type is tested first) */
+static int is_record(lua_State *L, const ah_luv *lv, int idx) {
+  return lua_type(L, idx) == LUA_TUSERDATA && lua_rawlen(L, idx) == sizeof(ah_rec) &&
+         ((const ah_rec *)lua_touserdata(L, idx))->lv == lv;
+}
+
 /* the record at idx, or NULL (a userdata of a record's size whose first
 ** field is this state's ah_luv); a record closure at idx is replaced by its
 ** record */
@@ -101,7 +109,7 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
     else return NULL;
     if (idx < 0) idx = lua_absindex(L, idx);
     lua_getupvalue(L, idx, up);
-    if (up == Q_RES && lua_rawlen(L, -1) != sizeof(ah_rec)) {
+    if (up == Q_RES && !is_record(L, lv, -1)) {
       lua_pop(L, 1); /* the resource, the handle or nil: no record yet */
       return NULL;
     }
@@ -172,8 +180,7 @@ int ah_luv_q_fn(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
   int n = lua_gettop(L), i;
   luaL_checkstack(L, Q_N + 8, "async_hooks");
-  if (lua_rawlen(L, lua_upvalueindex(Q_RES)) == sizeof(ah_rec) &&
-      ((const ah_rec *)lua_touserdata(L, lua_upvalueindex(Q_RES)))->lv == sp->lv) {
+  if (is_record(L, sp->lv, lua_upvalueindex(Q_RES))) {
     lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* made before */
   } else {
     for (i = 1; i <= Q_N + sp->nf; i++) lua_pushvalue(L, lua_upvalueindex(i));
@@ -255,8 +262,7 @@ static void q_resource(lua_State *L, int idx) {
   lua_getupvalue(L, idx, Q_SPEC);
   sp = (const ah_spec *)lua_touserdata(L, -1);
   lua_pop(L, 1);
-  if (lua_rawlen(L, -1) == sizeof(ah_rec) &&
-      ((ah_rec *)lua_touserdata(L, -1))->lv == sp->lv) { /* its record's */
+  if (is_record(L, sp->lv, -1)) { /* its record's */
     ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
     if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, -1);
     lua_getiuservalue(L, -1, RV_RES);
