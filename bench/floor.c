@@ -210,29 +210,40 @@ static int fl_bind(lua_State *L) {
   return 1;
 }
 
-/* set(token, value): the running thread's frame becomes a new frame with
-** token -> value (the frame is copied, as the library's frames are
-** immutable) */
+/* the running thread's frame (slot s) becomes a new frame: a copy of it
+** (unless empty) with the token at tok -> the value at val, weak-keyed as
+** the library's frames are (disable() must be able to let values go);
+** frames are immutable, so they are copied */
+static void set_frame(lua_State *L, fl_state *st, uintptr_t s, int tok, int val) {
+  int nf = lua_gettop(L) + 1;
+  lua_createtable(L, 0, 1); /* nf: the new frame */
+  if (st->slots[s].anchored & FL_A_FRAME) { /* copy what is set */
+    lua_rawgeti(L, FL_F, (lua_Integer)s);
+    lua_pushnil(L);
+    while (lua_next(L, nf + 1)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, nf);
+    }
+    lua_settop(L, nf);
+  }
+  lua_pushvalue(L, tok);
+  lua_pushvalue(L, val);
+  lua_rawset(L, nf);
+  lua_pushvalue(L, FL_WMT);
+  lua_setmetatable(L, nf);
+  lua_rawseti(L, FL_F, (lua_Integer)s);
+  st->slots[s].anchored |= FL_A_FRAME;
+}
+
+/* set(token, value) */
 static int fl_set(lua_State *L) {
   fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
   uintptr_t s = fl_extra(L);
   luaL_checktype(L, 1, LUA_TUSERDATA);
   lua_settop(L, 2);
   if (!(s < (uintptr_t)st->cap && st->slots[s].L == L)) return unbound(L);
-  lua_newtable(L); /* 3 */
-  lua_rawgeti(L, FL_F, (lua_Integer)s); /* 4 */
-  lua_pushnil(L);
-  while (lua_next(L, 4)) {
-    lua_pushvalue(L, -2);
-    lua_insert(L, -2);
-    lua_rawset(L, 3);
-  }
-  lua_pop(L, 1);
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_rawset(L, 3);
-  lua_rawseti(L, FL_F, (lua_Integer)s);
-  st->slots[s].anchored |= FL_A_FRAME;
+  set_frame(L, st, s, 1, 2);
   return 0;
 }
 
@@ -242,9 +253,7 @@ static int fl_token(lua_State *L) {
   return 1;
 }
 
-/* set(self, value) on a floor local (self[1] its token): the frame is
-** copied (unless empty) with token -> value, weak-keyed as the library's
-** frames are (disable() must be able to let values go) */
+/* set(self, value) on a floor local (self[1] its token) */
 static int fl_lset(lua_State *L) {
   fl_state *st = (fl_state *)lua_touserdata(L, FL_ST);
   uintptr_t s = fl_extra(L);
@@ -253,24 +262,8 @@ static int fl_lset(lua_State *L) {
   lua_settop(L, 2);
   if (fl_unlikely(!(s < (uintptr_t)st->cap && st->slots[s].L == L)))
     return unbound(L);
-  lua_createtable(L, 0, 1); /* 3: the new frame */
-  if (st->slots[s].anchored & FL_A_FRAME) { /* copy what is set */
-    lua_rawgeti(L, FL_F, (lua_Integer)s); /* 4 */
-    lua_pushnil(L);
-    while (lua_next(L, 4)) {
-      lua_pushvalue(L, -2);
-      lua_insert(L, -2);
-      lua_rawset(L, 3);
-    }
-    lua_settop(L, 3);
-  }
-  lua_rawgeti(L, 1, 1); /* the token */
-  lua_pushvalue(L, 2);
-  lua_rawset(L, 3);
-  lua_pushvalue(L, FL_WMT);
-  lua_setmetatable(L, 3);
-  lua_rawseti(L, FL_F, (lua_Integer)s);
-  st->slots[s].anchored |= FL_A_FRAME;
+  lua_rawgeti(L, 1, 1); /* 3: the token */
+  set_frame(L, st, s, 3, 2);
   return 0;
 }
 

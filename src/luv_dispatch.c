@@ -217,7 +217,7 @@ void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
 }
 
 /* push the spec sp (anchored in the state's LV_SPECS) */
-static void push_specp(lua_State *L, const ah_spec *sp) {
+static void push_spec(lua_State *L, const ah_spec *sp) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   lua_getiuservalue(L, -1, LV_SPECS);
   lua_rawgetp(L, -1, sp);
@@ -225,21 +225,7 @@ static void push_specp(lua_State *L, const ah_spec *sp) {
   lua_pop(L, 1);
 }
 
-/* push the spec of the record r */
-static void push_spec(lua_State *L, const ah_rec *r) {
-  push_specp(L, r->spec);
-}
-
-/* the asyncId of the quick record at idx */
-static lua_Integer q_id(lua_State *L, int idx) {
-  lua_Integer id;
-  lua_getupvalue(L, idx, Q_ID);
-  id = lua_tointeger(L, -1);
-  lua_pop(L, 1);
-  return id;
-}
-
-/* ... and its triggerAsyncId, in one go */
+/* the asyncId of the quick record at idx, and its triggerAsyncId */
 static lua_Integer q_ids(lua_State *L, int idx, lua_Integer *trigger) {
   lua_Integer id;
   lua_getupvalue(L, idx, Q_ID);
@@ -269,7 +255,7 @@ static void q_resource(lua_State *L, int idx) {
     lua_replace(L, -2);
     return;
   }
-  push_specp(L, sp);                 /* top+2 */
+  push_spec(L, sp);                 /* top+2 */
   lua_getupvalue(L, idx, Q_A1);      /* top+3 (none: nil) */
   lua_getupvalue(L, idx, Q_A1 + 1);  /* top+4 */
   lua_settop(L, top + 4);
@@ -288,7 +274,7 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   int top = lua_gettop(L), nf = r->spec->nf;
   idx = lua_absindex(L, idx);
   luaL_checkstack(L, 8, "async_hooks");
-  push_spec(L, r);                   /* top+1 */
+  push_spec(L, r->spec);            /* top+1 */
   lua_getiuservalue(L, idx, RV_RES); /* top+2: the handle, or nil */
   lua_getiuservalue(L, idx, RV_A1);  /* top+3 */
   lua_getiuservalue(L, idx, RV_A1 + 1);
@@ -324,7 +310,8 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   ah_luv *lv = NULL;
   luaL_checkstack(L, 6, "async_hooks");
   if (lua_tocfunction(L, top) == ah_luv_q_fn) { /* a quick record's */
-    if (q_id(L, top) != st->slots[s].id) {
+    lua_Integer trigger;
+    if (q_ids(L, top, &trigger) != st->slots[s].id) {
       lua_pushboolean(L, 0);
       lua_replace(L, top);
       return 0;
@@ -352,7 +339,7 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
     /* re-armed while its callback runs: the record is the new
     ** registration's (and its resource, if it has one now); the running
     ** one gets a table of its own */
-    push_spec(L, r);
+    push_spec(L, r->spec);
     lua_getiuservalue(L, top, RV_RES);
     if (r->flags & REC_RES) { /* the new resource: take its handle */
       lua_pushliteral(L, "handle");
