@@ -1,6 +1,7 @@
 /*
-** luv.h - what the two halves of the luv integration share: registration
-** (luv.c) and dispatch (luv_dispatch.c).  Private to those two files.
+** luv.h - what the parts of the luv integration share: registration
+** (luv.c), records (luv_record.c) and dispatch (luv_dispatch.c).  Private
+** to those three files.
 */
 #ifndef AH_LUV_H
 #define AH_LUV_H
@@ -104,17 +105,33 @@ enum {
 /* upvalue of a record closure (rec_fn), after the shared ones */
 #define RF_REC lua_upvalueindex(AH_NUP + 1)
 
+/* the asyncId of the quick record at idx, and its triggerAsyncId (the
+** dispatch reads them on every quick record's callback: inline) */
+static inline lua_Integer ah_luv_q_ids(lua_State *L, int idx, lua_Integer *trigger) {
+  lua_Integer id;
+  lua_getupvalue(L, idx, Q_ID);
+  lua_getupvalue(L, idx, Q_TRIG);
+  id = lua_tointeger(L, -2);
+  *trigger = lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  return id;
+}
+
+
 /* luv_dispatch.c */
-int ah_luv_rec_fn(lua_State *L);
-int ah_luv_rec_fn1(lua_State *L);
 int ah_luv_rec_call(lua_State *L);
-int ah_luv_q_fn(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
 int ah_luv_run(lua_State *L);
+void ah_luv_closures(lua_State *L, int lvi);
+
+/* luv_record.c */
+int ah_luv_rec_fn(lua_State *L);
+int ah_luv_rec_fn1(lua_State *L);
+int ah_luv_q_fn(lua_State *L);
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);
+ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx);
 void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
-void ah_luv_closures(lua_State *L, int lvi);
 
 #endif

@@ -1,0 +1,305 @@
+/*
+** luv_record.c - what a registration hands luv, read back: records, quick
+** records and their resources.
+**
+** A record (luv.h's ah_rec) is a userdata with the registration's ids,
+** spec and frame identity; a quick record a C closure whose upvalues are
+** the same fields (made where nothing but a frame observes the
+** registration).  This file recognises them, turns a quick record into a
+** record where a path needs one, makes a record's resource table when it
+** is first asked for (executionAsyncResource(), ah_luv_resource through
+** st->lazy_resource), and is what luv calls for a quick record when the
+** dispatch is not in front.  Called by luv.c (registration) and
+** luv_dispatch.c (dispatch); calls nothing above slots.c.
+*/
+#include "luv.h"
+
+/* The record as a function, for the luv functions that accept nothing
+** else (new_async, new_work): a closure with the record as last upvalue. */
+int ah_luv_rec_fn(lua_State *L) {
+  int n = lua_gettop(L);
+  lua_pushvalue(L, RF_REC);
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET); /* its __call: ah_luv_rec_call */
+  return lua_gettop(L);
+}
+
+/* The record as a function for a re-armed handle slot (see luv.c's
+** rearm): a closure with the record as only upvalue.  luv calls it only
+** without our cb_pcall in front (after uninstall()): the record's __call. */
+int ah_luv_rec_fn1(lua_State *L) {
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+/* the value at idx is a record of this state: a full userdata of a
+** record's size whose first field is lv (a table's raw length is its
+** border, which can be anything: the type is tested first) */
+static int is_record(lua_State *L, const ah_luv *lv, int idx) {
+  return lua_type(L, idx) == LUA_TUSERDATA && lua_rawlen(L, idx) == sizeof(ah_rec) &&
+         ((const ah_rec *)lua_touserdata(L, idx))->lv == lv;
+}
+
+/* the record at idx, or NULL (a userdata of a record's size whose first
+** field is this state's ah_luv); a record closure at idx is replaced by its
+** record */
+ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r;
+  if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
+    lua_CFunction f = lua_tocfunction(L, idx);
+    int up;
+    if (f == ah_luv_q_fn) up = Q_RES; /* its record, once made (q_record) */
+    else if (!lv->closures) return NULL;
+    else if (f == ah_luv_rec_fn1) up = 1;
+    else if (f == ah_luv_rec_fn) up = AH_NUP + 1;
+    else return NULL;
+    if (idx < 0) idx = lua_absindex(L, idx);
+    lua_getupvalue(L, idx, up);
+    if (up == Q_RES && !is_record(L, lv, -1)) {
+      lua_pop(L, 1); /* the resource, the handle or nil: no record yet */
+      return NULL;
+    }
+    lua_replace(L, idx);
+  }
+  r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
+  return r && r->lv == lv ? r : NULL;
+}
+
+/* The record of a quick record, for the paths that need one (the slow
+** dispatch, luv calling it without the dispatch in front): made once from
+** its fields, the values at base .. top (its upvalues, in order), which are
+** replaced by it; kept in its Q_RES from then on, so that every path finds
+** the same record, and the same resource.  Allocates. */
+static ah_rec *q_build(lua_State *L, int base) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, base + Q_SPEC - 1);
+  int i, rec;
+  ah_rec *r;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N + sp->nf);
+  rec = lua_gettop(L);
+  r->lv = sp->lv;
+  r->id = lua_tointeger(L, base + Q_ID - 1);
+  r->trigger = lua_tointeger(L, base + Q_TRIG - 1);
+  r->spec = sp;
+  r->frame = lua_topointer(L, base + Q_FRAME - 1);
+  r->fslot = AH_FSLOT_MAX;
+  r->fgen = 0;
+  r->flags = sp->kind == W_REQ ? REC_ONESHOT : 0;
+  lua_getiuservalue(L, rec - 1, LV_RECMT);
+  lua_setmetatable(L, rec);
+  lua_pushvalue(L, base + Q_CB - 1);
+  lua_setiuservalue(L, rec, RV_CB);
+  lua_pushvalue(L, base + Q_FRAME - 1);
+  lua_setiuservalue(L, rec, RV_FRAME);
+  if (lua_type(L, base + Q_RES - 1) == LUA_TTABLE) r->flags |= REC_RES;
+  lua_pushvalue(L, base + Q_RES - 1); /* its resource, else the handle */
+  lua_setiuservalue(L, rec, RV_RES);
+  for (i = 0; i < sp->nf; i++) {
+    lua_pushvalue(L, base + Q_A1 - 1 + i);
+    lua_setiuservalue(L, rec, RV_A1 + i);
+  }
+  lua_replace(L, base);
+  lua_settop(L, base);
+  return r;
+}
+
+/* the quick record at idx is replaced by its record (made if need be;
+** allocates) */
+ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r;
+  int base;
+  idx = lua_absindex(L, idx);
+  if ((r = ah_luv_record(L, lv, idx)) != NULL) return r; /* made before */
+  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  base = lua_gettop(L) + 1;
+  while (lua_getupvalue(L, idx, lua_gettop(L) - base + 2)) {}
+  r = q_build(L, base);
+  lua_pushvalue(L, -1);
+  lua_setupvalue(L, idx, Q_RES);
+  lua_replace(L, idx);
+  return r;
+}
+
+/* luv calls a quick record without the dispatch in front (after
+** uninstall(), or a caller that is not luv): its record is called (its
+** __call enters the context, calls the callback protected, restores) */
+int ah_luv_q_fn(lua_State *L) {
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
+  int n = lua_gettop(L), i;
+  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  if (is_record(L, sp->lv, lua_upvalueindex(Q_RES))) {
+    lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* made before */
+  } else {
+    for (i = 1; i <= Q_N + sp->nf; i++) lua_pushvalue(L, lua_upvalueindex(i));
+    q_build(L, n + 1);
+    lua_copy(L, -1, lua_upvalueindex(Q_RES));
+  }
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+/* push a new resource table for the record being made: {handle = h} */
+void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
+                         int a2) {
+  int i, v[2];
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, spec);
+  spec = lua_absindex(L, spec);
+  handle_idx = handle_idx ? lua_absindex(L, handle_idx) : 0;
+  v[0] = a1 ? lua_absindex(L, a1) : 0;
+  v[1] = a2 ? lua_absindex(L, a2) : 0;
+  lua_createtable(L, 0, 2 + sp->nf);
+  lua_getiuservalue(L, spec, SP_OP);
+  lua_setfield(L, -2, "op");
+  if (handle_idx && !lua_isnil(L, handle_idx)) {
+    lua_pushvalue(L, handle_idx);
+    lua_setfield(L, -2, "handle");
+  }
+  for (i = 0; i < sp->nf; i++) {
+    if (!v[i] || lua_isnil(L, v[i])) continue;
+    lua_getiuservalue(L, spec, SP_F1 + i);
+    lua_pushvalue(L, v[i]);
+    lua_rawset(L, -3);
+  }
+}
+
+/* push the spec sp (anchored in the state's LV_SPECS) */
+static void push_spec(lua_State *L, const ah_spec *sp) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lua_getiuservalue(L, -1, LV_SPECS);
+  lua_rawgetp(L, -1, sp);
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+}
+
+/* the resource of the quick record at idx, made now if need be (and kept
+** in its Q_RES, or in its record once it has one, so that a handle's keeps
+** its identity); pushes it */
+static void q_resource(lua_State *L, int idx) {
+  const ah_spec *sp;
+  int top = lua_gettop(L);
+  idx = lua_absindex(L, idx);
+  if (lua_getupvalue(L, idx, Q_RES) && lua_type(L, -1) == LUA_TTABLE) return;
+  luaL_checkstack(L, 8, "async_hooks");
+  lua_getupvalue(L, idx, Q_SPEC);
+  sp = (const ah_spec *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (is_record(L, sp->lv, -1)) { /* its record's */
+    ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
+    if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, -1);
+    lua_getiuservalue(L, -1, RV_RES);
+    lua_replace(L, -2);
+    return;
+  }
+  push_spec(L, sp);                 /* top+2 */
+  lua_getupvalue(L, idx, Q_A1);      /* top+3 (none: nil) */
+  lua_getupvalue(L, idx, Q_A1 + 1);  /* top+4 */
+  lua_settop(L, top + 4);
+  ah_luv_new_resource(L, top + 2, top + 1, sp->nf > 0 ? top + 3 : 0,
+                      sp->nf > 1 ? top + 4 : 0);
+  lua_pushvalue(L, -1);
+  lua_setupvalue(L, idx, Q_RES);
+  lua_replace(L, top + 1);
+  lua_settop(L, top + 1);
+}
+
+/* the record at idx gets its resource now (executionAsyncResource() was
+** called after it was registered): op, handle and the named arguments kept
+** in the record; allocates */
+void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
+  int top = lua_gettop(L), nf = r->spec->nf;
+  idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 8, "async_hooks");
+  push_spec(L, r->spec);            /* top+1 */
+  lua_getiuservalue(L, idx, RV_RES); /* top+2: the handle, or nil */
+  lua_getiuservalue(L, idx, RV_A1);  /* top+3 */
+  lua_getiuservalue(L, idx, RV_A1 + 1);
+  ah_luv_new_resource(L, top + 1, top + 2, nf > 0 ? top + 3 : 0, nf > 1 ? top + 4 : 0);
+  lua_setiuservalue(L, idx, RV_RES);
+  r->flags |= REC_RES;
+  lua_settop(L, top);
+}
+
+/* push the record lv->cur (no reference to it is at hand: luv holds it in
+** the registry, so look there); 0 if not found.  Runs at most once per
+** record (the resource is then the thread's) and only until
+** executionAsyncResource() was first called (then records get theirs at
+** entry). */
+static int push_cur(lua_State *L, ah_luv *lv) {
+  lua_Integer i, n = (lua_Integer)lua_rawlen(L, LUA_REGISTRYINDEX);
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, i);
+    if (ah_luv_record(L, lv, -1) == lv->cur) return 1;
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+/* For stack.c (executionAsyncResource): while a record's callback runs
+** without a resource, R[s] holds the record itself (not anchored: it is on
+** the stack meanwhile).  The value at the top is R[s]: replace it by the
+** resource, made now, and return 1 when it is the record of the callback
+** running in slot s; else by false and return 0. */
+int ah_luv_resource(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L);
+  ah_rec *r = NULL;
+  ah_luv *lv = NULL;
+  luaL_checkstack(L, 6, "async_hooks");
+  if (lua_tocfunction(L, top) == ah_luv_q_fn) { /* a quick record's */
+    lua_Integer trigger;
+    if (ah_luv_q_ids(L, top, &trigger) != st->slots[s].id) {
+      lua_pushboolean(L, 0);
+      lua_replace(L, top);
+      return 0;
+    }
+    q_resource(L, top);
+    lua_replace(L, top);
+    return 1;
+  }
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
+    lv = (ah_luv *)lua_touserdata(L, -1);
+    r = ah_luv_record(L, lv, top);
+  }
+  lua_settop(L, top);
+  if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+      push_cur(L, lv)) { /* the record that runs inline */
+    lua_replace(L, top);
+    r = lv->cur;
+  }
+  if (!r) {
+    lua_pushboolean(L, 0);
+    lua_replace(L, top);
+    return 0;
+  }
+  if (r->id != st->slots[s].id) {
+    /* re-armed while its callback runs: the record is the new
+    ** registration's (and its resource, if it has one now); the running
+    ** one gets a table of its own */
+    push_spec(L, r->spec);
+    lua_getiuservalue(L, top, RV_RES);
+    if (r->flags & REC_RES) { /* the new resource: take its handle */
+      lua_pushliteral(L, "handle");
+      lua_rawget(L, -2);
+      lua_replace(L, -2);
+    }
+    ah_luv_new_resource(L, top + 1, top + 2, 0, 0);
+    lua_replace(L, top);
+    lua_settop(L, top);
+    return 1;
+  }
+  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, top);
+  lua_getiuservalue(L, top, RV_RES);
+  lua_replace(L, top);
+  return 1;
+}
+
+/* push the record's resource, or nil */
+void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
+  if (r->flags & REC_RES)
+    lua_getiuservalue(L, idx, RV_RES);
+  else
+    lua_pushnil(L);
+}
