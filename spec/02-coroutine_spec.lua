@@ -256,19 +256,26 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
   end)
 
   -- a new coroutine's frame is first held by a deferred anchor (an array
-  -- entry), moved to the thread-keyed ephemeron at the next collection
+  -- entry), moved to the thread-keyed ephemeron once the coroutine lived
+  -- through pend_age collection cycles
   describe("deferred frame anchors", function()
     it("keep the captured frame alive while the coroutine lives, across collections", function()
       local v = AsyncLocal.new()
       local c = v:run({ tag = "captured" }, function()
         return co.create(function() co.yield(v:get().tag); return v:get().tag end)
       end)
+      local age = core.stats().pend_age
+      assert.is_true(age >= 2)
       assert.is_true(core.stats().pending_anchors >= 1)
-      H.gc() -- only the anchor holds the value table now
+      -- only the anchor holds the value table now; it stays deferred for
+      -- age - 1 cycles, and moves at the age-th
+      for _ = 1, age - 1 do collectgarbage("collect") end
+      assert.equal(1, core.stats().pending_anchors)
       local ok, got = co.resume(c)
       assert.is_true(ok)
       assert.equal("captured", got)
-      assert.equal(0, core.stats().pending_anchors) -- moved at the collection
+      collectgarbage("collect")
+      assert.equal(0, core.stats().pending_anchors) -- moved
       H.gc()
       ok, got = co.resume(c)
       assert.is_true(ok)
@@ -400,8 +407,15 @@ print("bad", bad)
         assert.is_true(co.resume(c))
         local d = v:run({}, function() return co.create(function() co.yield() end) end)
         weak[c], weak[box], weak[d] = true, true, true
+        weak.dframe = setmetatable({}, { __mode = "v" })
+        weak.dframe[1] = d
       end
+      -- a coroutine that nothing refers to goes at the first collection;
+      -- one that its own frame refers to, once its anchor moved
       H.gc()
+      assert.is_nil(weak.dframe[1])
+      weak.dframe = nil
+      H.gc_anchors()
       assert.is_nil(next(weak))
       assert.equal(0, core.stats().pending_anchors)
     end)
@@ -420,7 +434,7 @@ print("bad", bad)
       co.resume(c)
       weak[a], weak[b], weak[c] = true, true, true
     end)
-    H.gc()
+    H.gc_anchors()
     assert.is_nil(next(weak))
   end)
 

@@ -42,6 +42,8 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "pending_anchors");
   lua_pushinteger(L, st->ntokpend);
   lua_setfield(L, -2, "pending_tokens");
+  lua_pushinteger(L, AH_PEND_AGE);
+  lua_setfield(L, -2, "pend_age");
   return 1;
 }
 

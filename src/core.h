@@ -80,7 +80,12 @@ typedef struct ah_slot {
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* a finalizer token frees the slot */
   unsigned char anchored;  /* A_FRAME: frame not empty; A_RES: resource set */
+  unsigned char pend_age;  /* A_PEND: collection cycles its thread lived
+                           ** through with the anchor deferred */
 } ah_slot;
+/* a deferred anchor moves to T once its thread lived through this many
+** collection cycles (see slots.c's pend_gc) */
+#define AH_PEND_AGE 4
 
 typedef struct ah_state {
   lua_State *mainL;
