@@ -434,6 +434,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   sl->has_gc = (unsigned char)has_gc;
   if (has_gc) {
     sl->anchored |= A_TOKPEND;
+    sl->pend_age = 0;
     st->npend++;
     st->ntokpend++;
   }
@@ -578,8 +579,9 @@ void ah_drop_stale(lua_State *L, ah_state *st, int s) {
 }
 
 /* the finalizer token of the has_gc thread at thread_idx, slot s, which
-** lived through a collection cycle; allocates (a failure leaves it
-** pending: the token is made at the next cycle) */
+** lived through AH_PEND_AGE collection cycles (one that ends before needs
+** none; one collected before gets its destroy from the sentinel); allocates
+** (a failure leaves it pending: the token is made at the next cycle) */
 static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
   ah_cotok *tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
   tok->st = st;
@@ -594,8 +596,9 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
 }
 
 /* __gc of the sentinel: move the deferred anchors of coroutines that lived
-** through AH_PEND_AGE cycles to T (that allocates: a failure leaves the
-** rest pending for the next cycle), drop those of collected ones, and
+** through AH_PEND_AGE cycles to T and give them their finalizer tokens
+** (that allocates: a failure leaves the rest pending for the next cycle),
+** drop the anchors of collected ones and queue their destroys, and
 ** re-arm */
 static int pend_gc(lua_State *L) {
   ah_state *st = ah_st(L);
@@ -615,9 +618,12 @@ static int pend_gc(lua_State *L) {
     }
     if (!sl->L || !(sl->anchored & (A_PEND | A_TOKPEND))) continue;
     alive = lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD; /* 2 */
-    if ((sl->anchored & A_PEND) && alive && ++sl->pend_age < AH_PEND_AGE) {
-      /* young: most end before they are old enough to move */
-    } else if (sl->anchored & A_PEND) {
+    if (alive && ++sl->pend_age < AH_PEND_AGE) { /* young: most coroutines
+      ** end before they are old enough to need a move or a token */
+      lua_settop(L, 1);
+      continue;
+    }
+    if (sl->anchored & A_PEND) {
       if (alive) {
         lua_pushvalue(L, 2);
         lua_rawgeti(L, 1, i);
