@@ -429,6 +429,85 @@ print(co.resume(outer))
     assert.equal(0, code)
     assert.equal("false\ttrue\ttrue\ttrue\nfalse\touter\ntrue\tfalse\ttrue\ttrue\ntrue\touter\ntrue\n", out)
   end)
+
+  -- the coroutine's resource is reported for the resumer's slot without
+  -- being written anywhere; whatever switches that slot inside the hook
+  -- (a scope, a luv callback of a loop run there, another coroutine's
+  -- events) has its own, and the coroutine's is back after it
+  it("report the coroutine's resource around scopes, loops and coroutines run inside the hook", function()
+    local code, out, err = H.run_lua([==[
+local uv = require("luv")
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local res = ah.executionAsyncResource
+local inits, log, busy = {}, {}, false
+local function say(...) log[#log + 1] = table.concat({ ... }, " ") end
+local target
+ah.createHook {
+  init = function(id, _, _, r) inits[id] = r end,
+  before = function(id)
+    if busy or id ~= target then return end
+    busy = true
+    local mine = res()
+    say("before", tostring(mine == inits[id]), tostring(mine.thread ~= nil))
+    local ar = ah.AsyncResource.new("SCOPE")
+    ar:runInAsyncScope(function() say("scope", tostring(res() == ar)) end)
+    say("after scope", tostring(res() == mine))
+    local t = uv.new_timer()
+    t:start(0, 0, function()
+      say("timer", res().op, tostring(res().handle == t))
+      t:close()
+    end)
+    uv.run()
+    say("after loop", tostring(res() == mine))
+    local other = co.create(function() say("other", tostring(res() ~= mine)); co.yield() end)
+    co.resume(other)
+    say("after other", tostring(res() == mine), ah.executionAsyncId() == id and "id" or "bad id")
+    busy = false
+  end,
+}:enable()
+local c = co.create(function() co.yield() end)
+target = next(inits) -- c's asyncId (its init is the only one so far)
+co.resume(c)
+print(table.concat(log, "\n"))
+print("top", tostring(res() == res()), tostring(res().thread == nil))
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("before true true\nscope true\nafter scope true\ntimer timer_start true\nafter loop true\n"
+      .. "other true\nafter other true id\ntop\ttrue\ttrue\n", out)
+  end)
+
+  for _, with_init in ipairs { true, false } do
+    it("an after hook that closes its coroutine still sees its resource (init hook: " .. tostring(with_init) .. ")",
+      function()
+        local code, out, err = H.run_lua(([==[
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local res = ah.executionAsyncResource
+local WITH_INIT = %s
+local inits, c, seen = {}, nil, {}
+ah.createHook {
+  init = WITH_INIT and function(id, _, _, r) inits[id] = r end or nil,
+  after = function(id)
+    if not c or seen.done then return end
+    seen.done = true
+    local before_close = res()
+    coroutine.close(c)
+    local after_close = res()
+    print(tostring(before_close == after_close), tostring(after_close.thread == c),
+      tostring(not WITH_INIT or after_close == inits[id]), ah.executionAsyncId() == id)
+  end,
+}:enable()
+c = co.create(function() co.yield() end)
+co.resume(c)
+print(coroutine.status(c), tostring(res().thread == nil))
+]==]):format(tostring(with_init)))
+        assert.equal("", err)
+        assert.equal(0, code)
+        assert.equal("true\ttrue\ttrue\ttrue\ndead\ttrue\n", out)
+      end)
+  end
 end)
 
 describe("finalizer tokens of coroutines (destroy on collection)", function()

@@ -87,6 +87,19 @@ typedef struct ah_slot {
 ** collection cycles (see slots.c's pend_gc) */
 #define AH_PEND_AGE 4
 
+/* A coroutine's before/after is emitted from its resumer (coro.c) with
+** the resumer's ids switched to the coroutine's and its resource reported
+** in place of the resumer's: while slot `slot` (> 0) runs the hook,
+** executionAsyncResource() is the resource of slot `res`, which belongs to
+** `co` with asyncId `id` (else the coroutine was closed meanwhile).  No
+** table is written.  Whatever switches slot `slot` to another context
+** inside the hook (a scope, a luv callback, a scope slice) suspends it. */
+typedef struct ah_ov {
+  int slot, res;
+  lua_State *co;
+  lua_Integer id;
+} ah_ov;
+
 typedef struct ah_state {
   lua_State *mainL;
   lua_Integer next_id;
@@ -107,6 +120,8 @@ typedef struct ah_state {
                              ** registration is observable (luv.c) */
   unsigned fgen;             /* counts writes of F[s], any slot s */
   unsigned rgen;             /* counts writes of resource anchors (AUX_TR) */
+  ah_ov ov;                  /* a coroutine's event being emitted (slot 0:
+                             ** none) */
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */

@@ -94,6 +94,30 @@ static int suspended(lua_State *co) {
   return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
 }
 
+/* emit `kind` for the coroutine co in slot cs as if it ran: the resumer's
+** ids are the coroutine's meanwhile, and its resource is reported as the
+** resumer's (st->ov, see core.h): nothing is written to a table */
+static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
+                     lua_State *co) {
+  int s;
+  lua_Integer pid, ptrig;
+  ah_ov pov = st->ov;
+  luaL_checkstack(L, 8, "async_hooks dispatch"); /* ah_emit_id's: first */
+  s = ah_slot_of(L, st);
+  pid = st->slots[s].id;
+  ptrig = st->slots[s].trigger;
+  st->slots[s].id = st->slots[cs].base_id;
+  st->slots[s].trigger = st->slots[cs].base_trigger;
+  st->ov.slot = s;
+  st->ov.res = cs;
+  st->ov.co = co;
+  st->ov.id = st->slots[cs].base_id;
+  ah_emit_id(L, st, kind, st->ov.id);
+  st->slots[s].id = pid; /* s is the running thread's: still its slot */
+  st->slots[s].trigger = ptrig;
+  st->ov = pov;
+}
+
 /* emit before/after for the coroutine in slot cs, in its context, and for
 ** the scopes open inside it */
 static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
@@ -101,12 +125,7 @@ static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
   int scopes = (st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]) &&
                st->slots[cs].scopes;
   if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
-  if (st->nhooks[kind]) {
-    ah_push_resource_of(L, st, cs, co_idx);
-    ah_emit_as(L, st, kind, st->slots[cs].base_id, st->slots[cs].base_trigger,
-               -1);
-    lua_pop(L, 1);
-  }
+  if (st->nhooks[kind]) emit_own(L, st, kind, cs, lua_tothread(L, co_idx));
   if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
 }
 

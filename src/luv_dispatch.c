@@ -72,7 +72,7 @@ static void cb_unwind(lua_State *L, ah_state *st, size_t depth) {
 int ah_luv_rec_call(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_rec *r = NULL;
-  int n = lua_gettop(L), s, i, status, oneshot;
+  int n = lua_gettop(L), s, i, status, oneshot, pov;
   lua_Integer id, pid, ptrig;
   luaL_checkstack(L, n + 24, "async_hooks");
   /* self: a record of this state (the metatable is reachable from Lua) */
@@ -100,6 +100,8 @@ int ah_luv_rec_call(lua_State *L) {
     lua_rawseti(L, AH_UV_R, s);
   }
   ah_set_frame(L, s, n + 4);
+  pov = st->ov.slot;
+  if (pov == s) st->ov.slot = 0; /* in a coroutine's event (see core.h) */
   st->active++;
   ah_emit_id(L, st, AH_BEFORE, id);
   lua_getiuservalue(L, 1, RV_CB);
@@ -111,6 +113,7 @@ int ah_luv_rec_call(lua_State *L) {
   st->slots[s].trigger = ptrig;
   ah_set_resource(L, s, n + 1);
   ah_set_frame(L, s, n + 2);
+  if (pov == s) st->ov.slot = pov;
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   ah_flush_maybe(L, st);
   if (status != LUA_OK) return lua_error(L); /* the error object is on top */
@@ -506,6 +509,16 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
     lua_pop(L, 1);
   }
   st = lv->st;
+  if (ah_unlikely(st->ov.slot)) {
+    /* inside a coroutine's before/after emitted from its resumer (a hook
+    ** that runs the loop): the callback's context is its own */
+    ah_ov pov = st->ov;
+    int ret;
+    st->ov.slot = 0;
+    ret = ah_luv_cb_pcall(L, nargs, nresults, flags);
+    st->ov = pov;
+    return ret;
+  }
   flags |= lv->flags;
   /* the slot from the extra space (safe to read even when the host owns
   ** it: a value passes only if slot s names this very thread); when the

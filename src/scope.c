@@ -23,6 +23,8 @@ typedef struct ah_guard {
   int on_main;
   int closed;
   int out; /* its `after` was emitted when the coroutine yielded/failed */
+  int ov;  /* entered inside a coroutine's event emitted from this thread
+           ** (st->ov.slot, suspended while the scope is open), or 0 */
 } ah_guard;
 
 /* guard user values */
@@ -62,6 +64,8 @@ static int l_enter_scope(lua_State *L) {
     st->slots[s].scopes++;
   }
   /* nothing below can fail (hook errors end the process): switch */
+  g->ov = st->ov.slot == s ? s : 0;
+  if (g->ov) st->ov.slot = 0;
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
   ah_set_resource(L, s, 3);
@@ -96,6 +100,7 @@ static int guard_close(lua_State *L) {
   lua_getiuservalue(L, 1, G_PREV_FRAME);
   ah_set_frame(L, s, -1);
   lua_pop(L, 2);
+  if (g->ov) st->ov.slot = g->ov;
   if (g->on_main) {
     ah_flush_maybe(L, st);
   } else { /* unlink */
@@ -115,7 +120,7 @@ static int guard_close(lua_State *L) {
 ** resource anchor meanwhile (counted in st->rgen: then in full). */
 void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
                 lua_Integer trigger, int res_idx) {
-  int s, had;
+  int s, had, pov;
   unsigned rgen;
   lua_Integer pid, ptrig;
   if (!st->nhooks[kind]) return;
@@ -141,7 +146,10 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
   rgen = st->rgen;
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
+  pov = st->ov.slot;
+  if (pov == s) st->ov.slot = 0; /* a coroutine's event is being emitted */
   ah_emit_id(L, st, kind, id);
+  st->ov.slot = pov;
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
   if (st->rgen == rgen) {

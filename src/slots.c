@@ -741,7 +741,39 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   set_resource_of(L, st, s, thread_idx, -1);
 }
 
+/* the resource of the coroutine whose before/after slot s is emitting
+** (see ah_ov in core.h): its slot's, made now if need be; if the hook
+** closed it meanwhile, the one it had (anchored by its thread), else a
+** new one (nobody saw one) */
+static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
+  int cs = st->ov.res;
+  luaL_checkstack(L, 4, "async_hooks");
+  if (st->slots[cs].L == st->ov.co && st->slots[cs].base_id == st->ov.id) {
+    lua_rawgeti(L, AH_UV_TH, cs); /* alive: the resumer holds it */
+    ah_push_resource_of(L, st, cs, -1);
+    lua_remove(L, -2);
+    return;
+  }
+  /* the coroutine is alive (its resumer holds it) but has no slot now */
+  lua_pushthread(st->ov.co);
+  lua_xmove(st->ov.co, L, 1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+  lua_pushvalue(L, -2);
+  if (lua_rawget(L, -2) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, -3);
+    lua_setfield(L, -2, "thread");
+  }
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+}
+
 void ah_push_resource(lua_State *L, ah_state *st, int s) {
+  if (ah_unlikely(st->ov.slot == s)) {
+    push_ov_resource(L, st);
+    return;
+  }
   lua_pushthread(L);
   ah_push_resource_of(L, st, s, -1);
   lua_remove(L, -2);
