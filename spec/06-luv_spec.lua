@@ -620,6 +620,35 @@ describe("luv integration", function()
         .. "q q q q q\tabc:r\ttrue\tuserdata\tfunction\ttrue\ttrue\n")
     end)
 
+    -- with hooks enabled a request is still a quick record (its destroy
+    -- follows its one callback): its resource is made for its init, kept in
+    -- the closure, and is the callback's executionAsyncResource()
+    it("a request made while hooks are enabled: init, before, after, destroy, one resource", function()
+      fresh([[
+        local ev, inits = {}, {}
+        local mine
+        ah.createHook {
+          init = function(id, type, trigger, res)
+            if type == "uv_fs" then mine = id; inits[id] = res; ev[#ev + 1] = "init" end
+          end,
+          before = function(id) if id == mine then ev[#ev + 1] = "before" end end,
+          after = function(id) if id == mine then ev[#ev + 1] = "after" end end,
+          destroy = function(id) if id == mine then ev[#ev + 1] = "destroy" end end,
+        }:enable()
+        local seen
+        local cb = function(_, data)
+          ev[#ev + 1] = "cb"
+          seen = { ah.executionAsyncId() == mine, ah.executionAsyncResource(), data }
+        end
+        local trigger = ah.executionAsyncId()
+        uv.fs_read(fd, 3, 0, cb)
+        print(held_by_luv(cb), inits[mine].op, inits[mine].handle)
+        uv.run()
+        uv.run() -- delivers the destroy queued at the callback's exit
+        print(table.concat(ev, " "), seen[1], seen[2] == inits[mine], seen[3], trigger == 1)
+      ]], "a C closure over it\tfs_read\tnil\ninit before cb after destroy\ttrue\ttrue\tabc\ttrue\n")
+    end)
+
     it("ids: its own asyncId, triggered by the registering context; the loop's ids come back", function()
       fresh([[
         local ids, outer = {}, nil

@@ -348,35 +348,58 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   return nres;
 }
 
-/* a quick record (see luv.h) takes the callback's place: a request, or
-** the first registration on a fresh handle (handle_idx 1), while nothing
-** but a frame observes it.  The handle keeps `true` once luv accepted it:
-** it was tracked, so a re-arm takes the record path, which keeps its record
+/* a quick record (see luv.h) takes the callback's place: a request while
+** executionAsyncResource() was never called (with hooks or without: a
+** request's destroy follows its one callback), or the first registration
+** on a fresh handle while nothing but a frame observes it.  With init
+** hooks, its resource is made at once (its Q_RES) and its init emitted
+** once luv accepted it.  The handle keeps `true` once luv accepted it: it
+** was tracked, so a re-arm takes the record path, which keeps its record
 ** there and reuses it (a chain allocates nothing per step).  Returns -1,
-** having changed nothing, when a finalizer run by the allocation made the
-** registration observable (a hook, a resource asked for): a record then. */
+** having changed nothing, when a finalizer run by an allocation made the
+** registration need a record (a hook, a resource asked for). */
 static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
   int i, nres, nup = Q_N + sp->nf; /* at most 8 pushes: within LUA_MINSTACK */
-  lua_Integer id;
+  int res = st->nhooks[AH_INIT] != 0, a1, a2;
+  lua_Integer id, trigger = st->slots[s].id;
+  const void *qp;
+  if (res) { /* (a request's) */
+    luaL_checkstack(L, 12, "async_hooks");
+    a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
+    a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
+    ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2); /* n+1: can fail */
+  }
   id = st->next_id++; /* taken first: a finalizer may take ids meanwhile */
   lua_pushvalue(L, pos);               /* Q_CB */
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
   lua_pushinteger(L, id);              /* Q_ID */
-  lua_pushinteger(L, st->slots[s].id); /* Q_TRIG */
+  lua_pushinteger(L, trigger);         /* Q_TRIG */
   lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
-  if (handle_idx) lua_pushvalue(L, handle_idx); else lua_pushnil(L); /* Q_RES */
+  if (res) lua_pushvalue(L, n + 1);    /* Q_RES: the resource, */
+  else if (handle_idx) lua_pushvalue(L, handle_idx); /* else the handle */
+  else lua_pushnil(L);
   for (i = 0; i < sp->nf; i++) { /* Q_A1... */
     if (sp->f[i] <= n) lua_pushvalue(L, sp->f[i]); else lua_pushnil(L);
   }
   lua_pushcclosure(L, ah_luv_q_fn, nup); /* can fail: before any change */
-  if (ah_unlikely(st->watched)) {
-    lua_pop(L, 1);
+  if (ah_unlikely(sp->kind == W_REQ ? st->res_on || (st->nhooks[AH_INIT] && !res)
+                                    : st->watched)) {
+    lua_settop(L, n);
     return -1;
   }
   lua_replace(L, pos);
+  lua_settop(L, n); /* luv's function sees exactly the caller's arguments */
   sp->lv->records = 1;
+  qp = lua_topointer(L, pos);
   nres = sp->orig(L);
+  if (res) { /* its init, with the resource from the closure (luv may have
+             ** moved its arguments: then none, as for a record) */
+    if (lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
+    push_type(L, handle_idx);
+    ah_emit_init_v(L, st, id, -1, trigger, -2);
+    lua_pop(L, 2);
+  }
   if (sp->kind == W_HANDLE) { /* accepted; no allocation */
     lua_pushboolean(L, 1);
     lua_setiuservalue(L, 1, 1);
@@ -403,7 +426,8 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
   ah_rec *r;
-  if (!st->watched && (sp->kind == W_REQ || (keep && (fresh || fresh_handle(L, st))))) {
+  if (sp->kind == W_REQ ? !st->res_on
+                        : !st->watched && keep && (fresh || fresh_handle(L, st))) {
     int nres = track_q(L, st, sp, s, n, pos, handle_idx);
     if (nres >= 0) return nres;
   }
