@@ -510,6 +510,52 @@ print(coroutine.status(c), tostring(res().thread == nil))
   end
 end)
 
+describe("a coroutine's resource made for its init", function()
+  -- held like its first frame: by a deferred anchor (an array entry), moved
+  -- to the thread-keyed ephemeron once it lived through pend_age cycles,
+  -- dropped when it ends
+  it("is held by a deferred anchor, moved after pend_age cycles, dropped at the end", function()
+    local code, out, err = H.run_lua([==[
+local ah = require("async_hooks").install()
+local core = require("async_hooks.core")
+local co = ah.coroutine
+local inits = {}
+ah.createHook { init = function(id, _, _, r) inits[id] = r end }:enable()
+local function pending() return core.stats().pending_anchors end
+collectgarbage(); collectgarbage()
+local base = pending()
+local c = co.create(function()
+  for _ = 1, 3 do co.yield(ah.executionAsyncResource()) end
+  return ah.executionAsyncResource()
+end)
+local id = next(inits)
+local weak = setmetatable({ inits[id] }, { __mode = "v" })
+inits[id] = nil -- only the anchor holds it now
+print(pending() - base)
+for _ = 1, core.stats().pend_age - 1 do collectgarbage() end
+local _, r1 = co.resume(c)
+print(pending() - base, r1 == weak[1], r1.thread == c)
+r1 = nil -- luacheck: ignore 311
+collectgarbage() -- the pend_age-th: moved
+local _, r2 = co.resume(c)
+print(pending() - base, r2 == weak[1])
+r2 = nil -- luacheck: ignore 311
+collectgarbage(); collectgarbage()
+local _, r3 = co.resume(c)
+print(r3 == weak[1])
+-- a coroutine that ends drops its anchor at once
+local d = co.create(function() co.yield(); return 1 end)
+co.resume(d)
+print(pending() - base)
+co.resume(d)
+print(pending() - base, coroutine.status(d))
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("1\n1\ttrue\ttrue\n0\ttrue\ntrue\n1\n0\tdead\n", out)
+  end)
+end)
+
 describe("finalizer tokens of coroutines (destroy on collection)", function()
   -- made by the per-cycle sentinel only for coroutines that lived through
   -- pend_age collection cycles; one collected before that gets its destroy

@@ -57,6 +57,7 @@ enum {
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
   AUX_PEND,      /* slot -> frame: deferred anchors (strong; see slots.c) */
+  AUX_PENDR,     /* slot -> resource: the same for resources */
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
@@ -126,7 +127,8 @@ typedef struct ah_state {
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
-  int npend;                 /* slots with A_PEND, A_STALE or A_TOKPEND */
+  int npend;                 /* A_PEND, A_STALE, A_TOKPEND and A_PENDR
+                             ** flags set, over all slots */
   int ntokpend;              /* ... of which with A_TOKPEND */
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
@@ -152,7 +154,9 @@ typedef struct ah_state {
 enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
        A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
        A_STALE = 32,   /* free slot whose AUX_PEND entry is still set */
-       A_TOKPEND = 64 }; /* has_gc, its finalizer token not made yet */
+       A_TOKPEND = 64,  /* has_gc, its finalizer token not made yet */
+       A_PENDR = 128 }; /* the resource is anchored in AUX_PENDR, not AUX_TR
+                        ** (AKEY_RES is set with it: writes cannot fail) */
 
 /* Files, bottom up; each calls only files listed before it (checked
 ** by `make callgraph`, tests/callgraph.sh):

@@ -207,7 +207,27 @@ static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
   st->fgen++;
 }
 
-/* R[s] holds false for "no resource" (the key stays) */
+/* AUX_PENDR[s] = the value at idx (absolute) */
+static void pendr_write(lua_State *L, int s, int idx) {
+  lua_rawgeti(L, AH_UV_AUX, AUX_PENDR);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+}
+
+/* the resource of slot s is no longer anchored in AUX_PENDR */
+static void unpendr(lua_State *L, ah_state *st, int s) {
+  lua_pushnil(L);
+  pendr_write(L, s, lua_gettop(L));
+  lua_pop(L, 1);
+  st->slots[s].anchored &= ~A_PENDR;
+  st->npend--;
+}
+
+/* R[s] holds false for "no resource" (the key stays).  A coroutine's first
+** resource (its {thread = co}, made for its init or when first asked for)
+** gets a deferred anchor, as its frame does (see ah_anchor_frame): an
+** array write instead of a new key in AUX_TR. */
 static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
                             int idx) {
   int none;
@@ -215,7 +235,25 @@ static void set_resource_of(lua_State *L, ah_state *st, int s, int thread_idx,
   none = ah_no_resource(L, idx);
   if (!none || (st->slots[s].anchored & A_RES)) {
     st->rgen++; /* (scope.c's ah_emit_as relies on the count) */
-    if (none) {
+    if (st->slots[s].anchored & A_PENDR) { /* the entry exists: no failure */
+      if (none) lua_pushboolean(L, 0);
+      pendr_write(L, s, none ? lua_gettop(L) : idx);
+      if (none) lua_pop(L, 1);
+      st->slots[s].anchored = (unsigned char)(none ? st->slots[s].anchored & ~A_RES
+                                                   : st->slots[s].anchored | A_RES);
+    } else if (!none && !(st->slots[s].anchored & AKEY_RES) &&
+               st->slots[s].kind != AH_KMAIN) {
+      ah_slot *sl;
+      ah_arm_anchors(L, st); /* can fail, can run finalizers, */
+      pendr_write(L, s, idx); /* a new entry beyond the array part: can fail */
+      sl = &st->slots[s]; /* (a finalizer can move the slot array) */
+      if (!(sl->anchored & A_PENDR)) { /* (unless a finalizer made it) */
+        sl->anchored |= A_PENDR;
+        sl->pend_age = 0;
+        st->npend++;
+      }
+      sl->anchored |= A_RES | AKEY_RES;
+    } else if (none) {
       lua_pushboolean(L, 0);
       aux_eph_set(L, AUX_TR, thread_idx, -1);
       lua_pop(L, 1);
@@ -306,6 +344,7 @@ typedef struct ah_cotok {
 
 static void clear(lua_State *L, ah_state *st, int s) {
   if (st->slots[s].anchored & A_PEND) unpend(L, st, s);
+  if (st->slots[s].anchored & A_PENDR) unpendr(L, st, s);
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
@@ -342,6 +381,21 @@ static void tok_settled(ah_state *st, int s) {
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
   if (ah_unlikely(sl->kind == AH_KMAIN)) return;
+  if (ah_unlikely(st->dispatching) &&
+      (sl->anchored & (A_PENDR | A_RES)) == (A_PENDR | A_RES)) {
+    /* released inside a hook (a coroutine closed from its own before or
+    ** after): its resource is anchored by its thread from now on, where
+    ** executionAsyncResource() in that hook finds it (see ah_ov).  First,
+    ** as it can fail (inside a hook: a hook's error) */
+    luaL_checkstack(L, 4, "async_hooks");
+    lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+    lua_rawgeti(L, AH_UV_TH, s);
+    lua_rawgeti(L, AH_UV_AUX, AUX_PENDR);
+    lua_rawgeti(L, -1, s);
+    lua_replace(L, -2);
+    if (lua_type(L, -2) == LUA_TTHREAD) lua_rawset(L, -3); else lua_pop(L, 2);
+    lua_pop(L, 1);
+  }
   if (ah_unlikely(sl->has_gc)) {
     if (sl->gctok) {
       ((ah_cotok *)sl->gctok)->slot = -1;
@@ -362,6 +416,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     }
     lua_pop(L, 1);
   }
+  if (sl->anchored & A_PENDR) unpendr(L, st, s);
   if (sl->anchored & (A_RES | A_PEND)) {
     if (sl->anchored & A_RES) {
       lua_pushnil(L);
@@ -616,7 +671,7 @@ static int pend_gc(lua_State *L) {
       ah_drop_stale(L, st, i);
       continue;
     }
-    if (!sl->L || !(sl->anchored & (A_PEND | A_TOKPEND))) continue;
+    if (!sl->L || !(sl->anchored & (A_PEND | A_TOKPEND | A_PENDR))) continue;
     alive = lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD; /* 2 */
     if (alive && ++sl->pend_age < AH_PEND_AGE) { /* young: most coroutines
       ** end before they are old enough to need a move or a token */
@@ -634,6 +689,18 @@ static int pend_gc(lua_State *L) {
       lua_rawseti(L, 1, i);
       sl->anchored &= ~A_PEND;
       st->npend--;
+    }
+    if (sl->anchored & A_PENDR) {
+      if (alive) {
+        lua_rawgeti(L, AH_UV_AUX, AUX_TR); /* 3 */
+        lua_pushvalue(L, 2);
+        lua_rawgeti(L, AH_UV_AUX, AUX_PENDR); /* 5 */
+        lua_rawgeti(L, 5, i);
+        lua_replace(L, 5);
+        lua_rawset(L, 3); /* can fail: the rest waits for the next cycle */
+        lua_settop(L, 2);
+      }
+      unpendr(L, st, i);
     }
     if (sl->anchored & A_TOKPEND) {
       if (alive) {
@@ -855,6 +922,8 @@ void ah_open_slots(lua_State *L) {
   ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);
   lua_createtable(L, AH_INLINE, 0);
   lua_rawseti(L, AH_UV_AUX, AUX_PEND);
+  lua_createtable(L, AH_INLINE, 0);
+  lua_rawseti(L, AH_UV_AUX, AUX_PENDR);
   ah_weak_table(L, "k", 0);
   lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
