@@ -58,6 +58,7 @@ enum {
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
   AUX_PEND,      /* slot -> frame: deferred anchors (strong; see slots.c) */
   AUX_PENDR,     /* slot -> resource: the same for resources */
+  AUX_TCORO,     /* the string "coroutine" (init's type, not re-interned) */
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
@@ -231,6 +232,7 @@ void ah_open_frames(lua_State *L);
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
 void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
                     lua_Integer trigger, int res_idx);
+void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_flush(lua_State *L, ah_state *st);

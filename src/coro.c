@@ -26,8 +26,9 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   lua_pop(L, 1);
   if (ah_hooks_on(st, AH_INIT)) {
     ah_push_resource_of(L, st, ns, thread_idx);
-    ah_emit_init(L, st, st->slots[ns].base_id, "coroutine", trigger, -1);
-    lua_pop(L, 1);
+    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
+    ah_emit_init_v(L, st, st->slots[ns].base_id, -1, trigger, -2);
+    lua_pop(L, 2);
   }
 }
 
@@ -102,7 +103,7 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   int s;
   lua_Integer pid, ptrig;
   ah_ov pov = st->ov;
-  luaL_checkstack(L, 8, "async_hooks dispatch"); /* ah_emit_id's: first */
+  luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
@@ -112,7 +113,7 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   st->ov.res = cs;
   st->ov.co = co;
   st->ov.id = st->slots[cs].base_id;
-  ah_emit_id(L, st, kind, st->ov.id);
+  ah_emit_id_reserved(L, st, kind, st->ov.id);
   st->slots[s].id = pid; /* s is the running thread's: still its slot */
   st->slots[s].trigger = ptrig;
   st->ov = pov;

@@ -253,13 +253,19 @@ static void dispatch_end(lua_State *L, ah_state *st, int kind, int base) {
   if (--st->dispatching == 0 && st->dirty) commit(L, st);
 }
 
-void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
-  int base;
-  if (!st->nhooks[kind]) return;
-  luaL_checkstack(L, 8, "async_hooks dispatch");
-  base = dispatch_begin(L, st, kind);
+/* the same, for a caller that made room for 8 values and checked that
+** hooks of the kind exist */
+void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
+                         lua_Integer id) {
+  int base = dispatch_begin(L, st, kind);
   lua_pushinteger(L, id);
   dispatch_end(L, st, kind, base);
+}
+
+void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
+  if (!st->nhooks[kind]) return;
+  luaL_checkstack(L, 8, "async_hooks dispatch");
+  ah_emit_id_reserved(L, st, kind, id);
 }
 
 /* init with the type as a Lua string at type_idx (no re-interning) */
@@ -423,6 +429,8 @@ void ah_open_hooks(lua_State *L) {
     lua_pushboolean(L, 0);
     lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + i - 1);
   }
+  lua_pushliteral(L, "coroutine");
+  lua_rawseti(L, AH_UV_AUX, AUX_TCORO);
   ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
   ah_add_funcs(L, hook_funcs);
 }

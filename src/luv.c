@@ -389,12 +389,14 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     return -1;
   }
   lua_replace(L, pos);
-  lua_settop(L, n); /* luv's function sees exactly the caller's arguments */
   sp->lv->records = 1;
-  qp = lua_topointer(L, pos);
-  nres = sp->orig(L);
-  if (res) { /* its init, with the resource from the closure (luv may have
-             ** moved its arguments: then none, as for a record) */
+  if (!res) {
+    nres = sp->orig(L);
+  } else { /* its init, with the resource from the closure (luv may have
+           ** moved its arguments: then none, as for a record) */
+    lua_settop(L, n); /* luv's function sees exactly the caller's arguments */
+    qp = lua_topointer(L, pos);
+    nres = sp->orig(L);
     if (lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
     push_type(L, handle_idx);
     ah_emit_init_v(L, st, id, -1, trigger, -2);
