@@ -103,7 +103,8 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   int s;
   lua_Integer pid, ptrig;
   ah_ov pov = st->ov;
-  luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
+  if (kind == AH_AFTER) /* (before: resume's own frame has LUA_MINSTACK) */
+    luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
@@ -122,11 +123,11 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
 /* emit before/after for the coroutine in slot cs, in its context, and for
 ** the scopes open inside it */
 static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
-                       int co_idx) {
+                       lua_State *co, int co_idx) {
   int scopes = (st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]) &&
                st->slots[cs].scopes;
   if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
-  if (st->nhooks[kind]) emit_own(L, st, kind, cs, lua_tothread(L, co_idx));
+  if (st->nhooks[kind]) emit_own(L, st, kind, cs, co);
   if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
 }
 
@@ -166,7 +167,7 @@ static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
   id = st->slots[cs].base_id;
   /* a hook enabled inside the slice gets its after (without a before) */
   if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE]))) {
-    emit_slice(L, st, AH_AFTER, cs, co_idx);
+    emit_slice(L, st, AH_AFTER, cs, co, co_idx);
     /* the after hook closed co (ended and released: the slot may be
     ** another thread's now) */
     if (st->slots[cs].L != co || st->slots[cs].base_id != id) goto done;
@@ -202,7 +203,7 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
   hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
   if (hooks) {
     lua_Integer id = st->slots[cs].base_id;
-    emit_slice(L, st, AH_BEFORE, cs, co_idx);
+    emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
     if (ah_unlikely(st->slots[cs].L != co || st->slots[cs].base_id != id)) {
       /* the before hook closed co (its slot may be another thread's now):
       ** after for its id, nothing from the slot */

@@ -308,7 +308,7 @@ void ah_flush(lua_State *L, ah_state *st) {
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;
-    ah_emit_id(L, st, AH_DESTROY, st->dq[i]);
+    ah_emit_id_reserved(L, st, AH_DESTROY, st->dq[i]); /* room: above */
   }
   st->dq_n = 0;
   st->active--;
