@@ -649,6 +649,34 @@ describe("luv integration", function()
       ]], "a C closure over it\tfs_read\tnil\ninit before cb after destroy\ttrue\ttrue\tabc\ttrue\n")
     end)
 
+    -- the dispatch keeps where the running quick record sits (not R[]):
+    -- a loop run inside its callback has its own, and the outer one's is
+    -- found again when that loop returns
+    it("its resource, first asked for in a callback whose loop runs inside another's", function()
+      fresh([[
+        local t = uv.new_timer()
+        local res = {}
+        v:run("outer", function()
+          uv.fs_read(fd, 3, 0, function()
+            v:run("inner", function()
+              t:start(0, 0, function()
+                res.inner = ah.executionAsyncResource()
+                res.inner2 = ah.executionAsyncResource()
+                t:close()
+              end)
+            end)
+            uv.run("default") -- inside the read's callback (an argument:
+                              -- its callbacks sit at another index)
+            res.outer = ah.executionAsyncResource()
+            res.outer2 = ah.executionAsyncResource()
+          end)
+        end)
+        uv.run()
+        print(res.inner.op, res.inner.handle == t, res.inner == res.inner2,
+              res.outer.op, res.outer == res.outer2, res.outer ~= res.inner)
+      ]], "timer_start\ttrue\ttrue\tfs_read\ttrue\ttrue\n")
+    end)
+
     it("ids: its own asyncId, triggered by the registering context; the loop's ids come back", function()
       fresh([[
         local ids, outer = {}, nil

@@ -238,32 +238,58 @@ static int push_cur(lua_State *L, ah_luv *lv) {
   return 0;
 }
 
+/* push the quick record whose callback runs inline (lv->cur_q): it sits at
+** that index of the innermost frame of the library's uv.run (dispatch_run
+** ran there), below the running function's frames; 0 if not found */
+static int push_cur_q(lua_State *L, ah_luv *lv) {
+  lua_Debug ar;
+  int level;
+  for (level = 1; lua_getstack(L, level, &ar); level++) {
+    int run = 0;
+    lua_getinfo(L, "f", &ar); /* the function of that level */
+    /* the library's uv.run: a C closure whose upvalue after the shared
+    ** ones and its ah_luv is the mark (luv_dispatch.c's RUN_MARK) */
+    if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, AH_NUP + 2)) {
+      run = lua_touserdata(L, -1) == (void *)&ah_luv_key;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    if (!run) continue;
+    if (!lua_getlocal(L, &ar, lv->cur_q)) return 0;
+    if (lua_tocfunction(L, -1) == ah_luv_q_fn) return 1;
+    lua_pop(L, 1);
+    return 0;
+  }
+  return 0;
+}
+
 /* For stack.c (executionAsyncResource): while a record's callback runs
 ** without a resource, R[s] holds the record itself (not anchored: it is on
-** the stack meanwhile).  The value at the top is R[s]: replace it by the
-** resource, made now, and return 1 when it is the record of the callback
-** running in slot s; else by false and return 0. */
+** the stack meanwhile), or the dispatch keeps it in lv->cur (a record) or
+** lv->cur_q (a quick record).  The value at the top is R[s]: replace it by
+** the resource, made now, and return 1 when it is the resource of the
+** callback running in slot s; else by false and return 0. */
 int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   int top = lua_gettop(L);
   ah_rec *r = NULL;
   ah_luv *lv = NULL;
   luaL_checkstack(L, 6, "async_hooks");
-  if (lua_tocfunction(L, top) == ah_luv_q_fn) { /* a quick record's */
-    lua_Integer trigger;
-    if (ah_luv_q_ids(L, top, &trigger) != st->slots[s].id) {
-      lua_pushboolean(L, 0);
-      lua_replace(L, top);
-      return 0;
-    }
-    q_resource(L, top);
-    lua_replace(L, top);
-    return 1;
-  }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
     lv = (ah_luv *)lua_touserdata(L, -1);
     r = ah_luv_record(L, lv, top);
   }
   lua_settop(L, top);
+  if (!r && lv && lv->cur_q && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+      push_cur_q(L, lv)) { /* the quick record that runs inline */
+    lua_Integer trigger;
+    if (ah_luv_q_ids(L, top + 1, &trigger) == st->slots[s].id) {
+      q_resource(L, top + 1);
+      lua_replace(L, top);
+      lua_settop(L, top);
+      return 1;
+    }
+    lua_pop(L, 1);
+  }
   if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
       push_cur(L, lv)) { /* the record that runs inline */
     lua_replace(L, top);
