@@ -556,6 +556,39 @@ print(pending() - base, coroutine.status(d))
   end)
 end)
 
+describe("a coroutine created while hooks exist, with a value set", function()
+  -- its captured frame is held by a deferred anchor too, as without hooks
+  it("keeps its frame in a deferred anchor, moved after pend_age cycles", function()
+    local code, out, err = H.run_lua([==[
+local ah = require("async_hooks").install()
+local core = require("async_hooks.core")
+local co = ah.coroutine
+ah.createHook { destroy = function() end }:enable()
+local v = ah.AsyncLocal.new()
+local function pending() return core.stats().pending_anchors end
+collectgarbage(); collectgarbage()
+local base = pending()
+local weak = setmetatable({}, { __mode = "v" })
+local c = v:run({ "captured" }, function()
+  weak[1] = v:get()
+  return co.create(function() while true do co.yield(v:get()[1]) end end)
+end)
+print(pending() - base) -- its frame (no resource: no init hook)
+for _ = 1, core.stats().pend_age - 1 do collectgarbage() end
+print(pending() - base, select(2, co.resume(c)), weak[1] ~= nil)
+collectgarbage() -- moved
+collectgarbage()
+print(pending() - base, select(2, co.resume(c)), weak[1] ~= nil)
+c = nil -- luacheck: ignore 311
+for _ = 1, 3 do collectgarbage() end
+print(weak[1] == nil)
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("1\n1\tcaptured\ttrue\n0\tcaptured\ttrue\ntrue\n", out)
+  end)
+end)
+
 describe("finalizer tokens of coroutines (destroy on collection)", function()
   -- made by the per-cycle sentinel only for coroutines that lived through
   -- pend_age collection cycles; one collected before that gets its destroy

@@ -466,7 +466,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind) {
   lua_State *co;
   ah_slot *sl;
-  int s, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
+  int s, framed, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
@@ -482,9 +482,18 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
       sweep(L, st) < st->cap / 4 && !grow(st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
+  /* a coroutine's frame gets a deferred anchor (see ah_anchor_frame):
+  ** its key first (can fail, and can run finalizers, which can take free
+  ** slots: checked again) */
+  framed = kind != AH_KMAIN && lua_topointer(L, frame_idx) != st->empty;
+  if (framed) {
+    ah_reserve_anchor(L, st);
+    if (ah_unlikely(st->free_low < 0 && st->free_high < 0))
+      luaL_error(L, "not enough memory for a context slot");
+  }
   s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
-  if (sl->anchored & A_STALE) ah_drop_stale(L, st, s);
+  if (!framed && (sl->anchored & A_STALE)) ah_drop_stale(L, st, s);
   sl->gctok = NULL;
   sl->has_gc = (unsigned char)has_gc;
   if (has_gc) {
@@ -504,7 +513,9 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
-  if (lua_topointer(L, frame_idx) != st->empty) {
+  if (framed) {
+    ah_anchor_frame(L, st, s, thread_idx, frame_idx);
+  } else if (kind == AH_KMAIN && lua_topointer(L, frame_idx) != st->empty) {
     eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
     sl->anchored |= A_FRAME | AKEY_FRAME;
   }
