@@ -832,7 +832,9 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
     lua_remove(L, -2);
     return;
   }
-  /* the coroutine is alive (its resumer holds it) but has no slot now */
+  /* the coroutine is alive (its resumer holds it) but has no slot now
+  ** (closed or finished: its stack has room, checked all the same) */
+  if (!lua_checkstack(st->ov.co, 1)) luaL_error(L, "not enough memory");
   lua_pushthread(st->ov.co);
   lua_xmove(st->ov.co, L, 1);
   lua_rawgeti(L, AH_UV_AUX, AUX_TR);
