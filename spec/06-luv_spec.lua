@@ -677,6 +677,35 @@ describe("luv integration", function()
       ]], "timer_start\ttrue\ttrue\tfs_read\ttrue\ttrue\n")
     end)
 
+    -- under hooks, a record's callback leaves R[] alone until
+    -- executionAsyncResource() is first called: the resource is then found
+    -- from where the dispatch keeps the record
+    it("a record's resource first asked for in its callback: init's, also after a re-arm from it", function()
+      fresh([==[
+        local inits, seen = {}, {}
+        ah.createHook { init = function(id, type, _, res) inits[id] = res end }:enable()
+        local t = uv.new_timer()
+        local n = 0
+        local function step()
+          n = n + 1
+          local id = ah.executionAsyncId()
+          if n == 1 then
+            t:start(0, 0, step) -- re-armed from its own callback, first
+            local r1 = ah.executionAsyncResource()
+            local r2 = ah.executionAsyncResource()
+            seen[1] = { r1 == inits[id], r1 == r2, r1.handle == t, r1.op }
+          else
+            local r = ah.executionAsyncResource()
+            seen[2] = { r == inits[id], r.handle == t }
+            t:close()
+          end
+        end
+        t:start(0, 0, step)
+        uv.run()
+        print(seen[1][1], seen[1][2], seen[1][3], seen[1][4], seen[2][1], seen[2][2])
+      ]==], "true\ttrue\ttrue\ttimer_start\ttrue\ttrue\n")
+    end)
+
     it("ids: its own asyncId, triggered by the registering context; the loop's ids come back", function()
       fresh([[
         local ids, outer = {}, nil

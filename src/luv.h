@@ -30,9 +30,9 @@ typedef struct ah_luv {
   lua_Integer cur_id;
   int cur_slot;
   int cur_wrote; /* R[cur_slot] was written while it runs (see rearm) */
-  int cur_q;     /* a quick record's callback runs: the quick record is at
-                 ** this index of the frame of the library's uv.run (the
-                 ** innermost), where executionAsyncResource() finds it */
+  int cur_base;  /* the running record or quick record is at this index of
+                 ** the frame of the library's uv.run (the innermost), where
+                 ** executionAsyncResource() finds it (0: none) */
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 

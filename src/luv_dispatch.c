@@ -179,7 +179,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   const void *rframe = NULL;
   ah_rec *pcur = lv->cur;
   lua_Integer pcur_id = lv->cur_id;
-  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, pcur_q = lv->cur_q;
+  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, pcur_base = lv->cur_base;
   int switched = 0;
   unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
@@ -239,13 +239,15 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lv->cur_id = id;
     lv->cur_slot = s;
     lv->cur_wrote = 0;
-    lv->cur_q = q ? base : 0; /* a quick record's resource is made (or,
-                              ** made before, found) from it if asked for */
-    if (has_res) { /* R[s] holds it (no registry search) */
+    /* its resource is found from it, or made, if asked for (R[s] is
+    ** written then); once executionAsyncResource() was called, a record's
+    ** resource is written at entry (programs that ask once ask often) */
+    lv->cur_base = base;
+    if (has_res && st->res_on) { /* R[s] holds it (no search) */
       lua_pushvalue(L, base + D_RES);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
-    } else if (depth) { /* nested: R[s] may hold the outer one's */
+    } else if (depth && !(had & A_RES)) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
@@ -264,7 +266,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lv->cur_id = 0;
     lv->cur_slot = s;
     lv->cur_wrote = 0;
-    lv->cur_q = 0;
+    lv->cur_base = 0;
     if (had & A_RES) {
       ah_set_resource(L, s, -1);
     } else if (depth) { /* nested: R[s] may hold the outer one's */
@@ -302,7 +304,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   lv->cur_id = pcur_id;
   lv->cur_slot = pcur_slot;
   lv->cur_wrote = pcur_wrote;
-  lv->cur_q = pcur_q;
+  lv->cur_base = pcur_base;
   /* the frame: unchanged when nothing wrote one; only F[s] when only the
   ** switch above did (the thread's anchor still holds the previous frame);
   ** else in full (F[s] of the thread that runs the loop is written only

@@ -238,10 +238,11 @@ static int push_cur(lua_State *L, ah_luv *lv) {
   return 0;
 }
 
-/* push the quick record whose callback runs inline (lv->cur_q): it sits at
-** that index of the innermost frame of the library's uv.run (dispatch_run
-** ran there), below the running function's frames; 0 if not found */
-static int push_cur_q(lua_State *L, ah_luv *lv) {
+/* push the record or quick record whose callback runs inline
+** (lv->cur_base): it sits at that index of the innermost frame of the
+** library's uv.run (dispatch_run ran there), below the running function's
+** frames; 0 if not found */
+static int push_cur_base(lua_State *L, ah_luv *lv) {
   lua_Debug ar;
   int level;
   for (level = 1; lua_getstack(L, level, &ar); level++) {
@@ -255,20 +256,19 @@ static int push_cur_q(lua_State *L, ah_luv *lv) {
     }
     lua_pop(L, 1);
     if (!run) continue;
-    if (!lua_getlocal(L, &ar, lv->cur_q)) return 0;
-    if (lua_tocfunction(L, -1) == ah_luv_q_fn) return 1;
-    lua_pop(L, 1);
-    return 0;
+    return lua_getlocal(L, &ar, lv->cur_base) != NULL;
   }
   return 0;
 }
 
-/* For stack.c (executionAsyncResource): while a record's callback runs
-** without a resource, R[s] holds the record itself (not anchored: it is on
-** the stack meanwhile), or the dispatch keeps it in lv->cur (a record) or
-** lv->cur_q (a quick record).  The value at the top is R[s]: replace it by
-** the resource, made now, and return 1 when it is the resource of the
-** callback running in slot s; else by false and return 0. */
+/* For stack.c (executionAsyncResource): while a record's callback runs on
+** the slow path, R[s] holds the record itself (not anchored: it is on the
+** stack meanwhile); inline, the dispatch keeps where the record or quick
+** record sits (lv->cur_base, lv->cur).  The value at the top is R[s]:
+** replace it by the resource, made now if need be, and return 1 when it is
+** the resource of the callback running in slot s; else by false and return
+** 0.  The caller then makes it the thread's (R[s], anchored), so later
+** calls in the same callback find it at once. */
 int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   int top = lua_gettop(L);
   ah_rec *r = NULL;
@@ -279,16 +279,21 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
     r = ah_luv_record(L, lv, top);
   }
   lua_settop(L, top);
-  if (!r && lv && lv->cur_q && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
-      push_cur_q(L, lv)) { /* the quick record that runs inline */
+  if (!r && lv && lv->cur_base && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+      push_cur_base(L, lv)) { /* the (quick) record that runs inline */
     lua_Integer trigger;
-    if (ah_luv_q_ids(L, top + 1, &trigger) == st->slots[s].id) {
-      q_resource(L, top + 1);
+    if (lua_tocfunction(L, top + 1) == ah_luv_q_fn) {
+      if (ah_luv_q_ids(L, top + 1, &trigger) == st->slots[s].id) {
+        q_resource(L, top + 1);
+        lua_replace(L, top);
+        lua_settop(L, top);
+        return 1;
+      }
+    } else if (lv->cur && ah_luv_record(L, lv, top + 1) == lv->cur) {
       lua_replace(L, top);
-      lua_settop(L, top);
-      return 1;
+      r = lv->cur;
     }
-    lua_pop(L, 1);
+    lua_settop(L, top);
   }
   if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
       push_cur(L, lv)) { /* the record that runs inline */
