@@ -478,6 +478,34 @@ print("top", tostring(res() == res()), tostring(res().thread == nil))
       .. "other true\nafter other true id\ntop\ttrue\ttrue\n", out)
   end)
 
+  -- review finding: no resource made before the close (no init hook, not
+  -- asked for): the one made then is the coroutine's for the rest of the
+  -- event (anchored by its thread), not a new table per call
+  it("an after hook that closes its coroutine and asks for the resource only then: one table", function()
+    local code, out, err = H.run_lua([==[
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local res = ah.executionAsyncResource
+local c, first
+ah.createHook {
+  after = function()
+    if not c then return end
+    local cc = c
+    c = nil
+    coroutine.close(cc)
+    first = res()
+    print(tostring(first == res()), tostring(first.thread == cc))
+  end,
+}:enable()
+ah.createHook { after = function() if first then print(tostring(res() == first)); first = nil end end }:enable()
+c = co.create(function() co.yield() end)
+co.resume(c)
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\ttrue\ntrue\n", out)
+  end)
+
   for _, with_init in ipairs { true, false } do
     it("an after hook that closes its coroutine still sees its resource (init hook: " .. tostring(with_init) .. ")",
       function()

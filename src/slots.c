@@ -825,7 +825,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
 ** new one (nobody saw one) */
 static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   int cs = st->ov.res;
-  luaL_checkstack(L, 4, "async_hooks");
+  luaL_checkstack(L, 6, "async_hooks");
   if (st->slots[cs].L == st->ov.co && st->slots[cs].base_id == st->ov.id) {
     lua_rawgeti(L, AH_UV_TH, cs); /* alive: the resumer holds it */
     ah_push_resource_of(L, st, cs, -1);
@@ -839,11 +839,16 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   lua_xmove(st->ov.co, L, 1);
   lua_rawgeti(L, AH_UV_AUX, AUX_TR);
   lua_pushvalue(L, -2);
-  if (lua_rawget(L, -2) != LUA_TTABLE) {
+  if (lua_rawget(L, -2) != LUA_TTABLE) { /* nobody saw one: made now, and
+    ** anchored by its thread, so that the rest of the event sees this one */
     lua_pop(L, 1);
     lua_createtable(L, 0, 1);
     lua_pushvalue(L, -3);
     lua_setfield(L, -2, "thread");
+    lua_pushvalue(L, -3);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4); /* AUX_TR[co] = it (can fail: nothing changed yet) */
+    st->rgen++;
   }
   lua_replace(L, -3);
   lua_pop(L, 1);
