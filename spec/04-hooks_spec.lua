@@ -506,6 +506,37 @@ co.resume(c)
     assert.equal("true\ttrue\ntrue\n", out)
   end)
 
+  -- review finding: the after that follows a before hook that closed its
+  -- coroutine ran with the resumer's ids; it runs in the coroutine's
+  it("the after of a coroutine closed by its before hook runs in the coroutine's context", function()
+    local code, out, err = H.run_lua([==[
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local res = ah.executionAsyncResource
+local c, seen = nil, {}
+ah.createHook {
+  before = function(id)
+    if not c or seen.before then return end
+    seen.before = { id, ah.executionAsyncId(), ah.triggerAsyncId(), res() }
+    coroutine.close(c)
+  end,
+  after = function(id)
+    if not seen.before or seen.after then return end
+    seen.after = { id, ah.executionAsyncId(), ah.triggerAsyncId(), res() }
+  end,
+}:enable()
+local creator = ah.executionAsyncId()
+c = co.create(function() co.yield() end)
+print(co.resume(c))
+local b, a = seen.before, seen.after
+print(a[1] == b[1], a[2] == b[1], a[3] == creator, b[3] == creator, a[4] == b[4], a[4].thread == c)
+print(ah.executionAsyncId() == creator, res().thread == nil)
+]==])
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("false\tcannot resume dead coroutine\ntrue\ttrue\ttrue\ttrue\ttrue\ttrue\ntrue\ttrue\n", out)
+  end)
+
   for _, with_init in ipairs { true, false } do
     it("an after hook that closes its coroutine still sees its resource (init hook: " .. tostring(with_init) .. ")",
       function()

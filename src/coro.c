@@ -95,11 +95,12 @@ static int suspended(lua_State *co) {
   return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
 }
 
-/* emit `kind` for the coroutine co in slot cs as if it ran: the resumer's
-** ids are the coroutine's meanwhile, and its resource is reported as the
-** resumer's (st->ov, see core.h): nothing is written to a table */
+/* emit `kind` for the coroutine co (asyncId id, triggerAsyncId trigger),
+** which has or had slot cs, as if it ran: the resumer's ids are the
+** coroutine's meanwhile, and its resource is reported as the resumer's
+** (st->ov, see core.h): nothing is written to a table */
 static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
-                     lua_State *co) {
+                     lua_State *co, lua_Integer id, lua_Integer trigger) {
   int s;
   lua_Integer pid, ptrig;
   ah_ov pov = st->ov;
@@ -108,13 +109,13 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
-  st->slots[s].id = st->slots[cs].base_id;
-  st->slots[s].trigger = st->slots[cs].base_trigger;
+  st->slots[s].id = id;
+  st->slots[s].trigger = trigger;
   st->ov.slot = s;
   st->ov.res = cs;
   st->ov.co = co;
-  st->ov.id = st->slots[cs].base_id;
-  ah_emit_id_reserved(L, st, kind, st->ov.id);
+  st->ov.id = id;
+  ah_emit_id_reserved(L, st, kind, id);
   st->slots[s].id = pid; /* s is the running thread's: still its slot */
   st->slots[s].trigger = ptrig;
   st->ov = pov;
@@ -127,7 +128,8 @@ static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
   int scopes = (st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]) &&
                st->slots[cs].scopes;
   if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
-  if (st->nhooks[kind]) emit_own(L, st, kind, cs, co);
+  if (st->nhooks[kind])
+    emit_own(L, st, kind, cs, co, st->slots[cs].base_id, st->slots[cs].base_trigger);
   if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
 }
 
@@ -202,14 +204,15 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
   runs = status == LUA_YIELD || (status == LUA_OK && suspended(co));
   hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
   if (hooks) {
-    lua_Integer id = st->slots[cs].base_id;
+    lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
     emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
     if (ah_unlikely(st->slots[cs].L != co || st->slots[cs].base_id != id)) {
       /* the before hook closed co (its slot may be another thread's now):
-      ** after for its id, nothing from the slot */
+      ** its after, in its context (its ids; its resource, anchored by its
+      ** thread when it had one), nothing from the slot */
       lua_xmove(L, co, narg);
       status = lua_resume(co, L, narg, &nres); /* cannot resume dead */
-      ah_emit_id(L, st, AH_AFTER, id);
+      if (st->nhooks[AH_AFTER]) emit_own(L, st, AH_AFTER, cs, co, id, trigger);
       return resumed(L, st, co, co_idx, -1, runs, 0, status, nres);
     }
   }
