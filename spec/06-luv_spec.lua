@@ -842,6 +842,29 @@ describe("luv integration", function()
       end
     end)
 
+    -- review finding (older): luv refusing a call with nil, err (the
+    -- callback will never run) left an init without a destroy
+    it("a registration luv refuses with nil, err gets no init (and so no destroy)", function()
+      for _, hooks in ipairs { "init", "init,destroy" } do
+        fresh(([[
+          local inits, destroys = {}, 0
+          ah.createHook {
+            init = function(id, type) if type == "uv_timer" then inits[#inits + 1] = id end end,
+            destroy = %s,
+          }:enable()
+          local t = uv.new_timer()
+          t:close()
+          local r, err = t:start(0, 0, function() end) -- a closing handle
+          uv.run()
+          local t2 = uv.new_timer()
+          t2:start(0, 0, function() t2:close() end)
+          uv.run()
+          print(r, type(err), #inits, (debug.getuservalue(t, 1)))
+        ]]):format(hooks == "init" and "nil" or "function() destroys = destroys + 1 end"),
+          "nil\tstring\t1\tnil\n")
+      end
+    end)
+
     it("a handle luv refused keeps nothing", function()
       fresh([[
         local idle, t = uv.new_idle(), uv.new_timer()

@@ -348,6 +348,10 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   return nres;
 }
 
+/* luv refused the call and returned nil, err, name (the callback will not
+** run): no init, nothing kept */
+#define LUV_FAILED(L, nres) ((nres) > 0 && lua_type((L), -(nres)) == LUA_TNIL)
+
 /* a quick record (see luv.h) takes the callback's place: a request while
 ** executionAsyncResource() was never called (with hooks or without: a
 ** request's destroy follows its one callback), or the first registration
@@ -397,12 +401,13 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     lua_settop(L, n); /* luv's function sees exactly the caller's arguments */
     qp = lua_topointer(L, pos);
     nres = sp->orig(L);
+    if (LUV_FAILED(L, nres)) return nres;
     if (lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
     push_type(L, handle_idx);
     ah_emit_init_v(L, st, id, -1, trigger, -2);
     lua_pop(L, 2);
   }
-  if (sp->kind == W_HANDLE) { /* accepted; no allocation */
+  if (sp->kind == W_HANDLE && !LUV_FAILED(L, nres)) { /* accepted; no allocation */
     lua_pushboolean(L, 1);
     lua_setiuservalue(L, 1, 1);
   }
@@ -448,6 +453,7 @@ static int track(lua_State *L, ah_state *st, const ah_luv *lv,
   r->id = st->next_id++;
   /* luv's function, in our frame, with exactly the caller's arguments */
   nres = sp->orig(L);
+  if (LUV_FAILED(L, nres)) return nres;
   if (sp->fn) lua_getupvalue(L, pos, AH_NUP + 1); else lua_pushvalue(L, pos);
   rec = lua_gettop(L);
   if (lua_touserdata(L, rec) != (void *)r) { /* luv moved its arguments */
