@@ -506,6 +506,44 @@ co.resume(c)
     assert.equal("true\ttrue\ntrue\n", out)
   end)
 
+  -- review finding (older): a coroutine that yielded inside a scope
+  -- reported the scope's resource to its own after/before hooks
+  for _, with_init in ipairs { true, false } do
+    it("a coroutine that yields inside a scope reports its own resource to its hooks (init: "
+       .. tostring(with_init) .. ")", function()
+      local code, out, err = H.run_lua(([==[
+local ah = require("async_hooks").install()
+local co = ah.coroutine
+local res = ah.executionAsyncResource
+local WITH_INIT = %s
+local mine, inits, seen = nil, {}, {}
+ah.createHook {
+  init = WITH_INIT and function(id, _, _, r) inits[id] = r end or nil,
+  before = function(id) if id == mine then seen[#seen + 1] = res() end end,
+  after = function(id) if id == mine then seen[#seen + 1] = res() end end,
+}:enable()
+local ar = ah.AsyncResource.new("SCOPE")
+local c = co.create(function()
+  mine = ah.executionAsyncId()
+  co.yield()
+  ar:runInAsyncScope(function() co.yield() end) -- yields inside the scope
+  co.yield()
+  return res()
+end)
+local last
+for _ = 1, 4 do local _, r = co.resume(c); last = r end
+local own, same = seen[1], true
+for i = 1, #seen do if seen[i] ~= own then same = false end end
+print(#seen, same, own ~= ar, own.thread == c, last == own, not WITH_INIT or own == inits[mine])
+]==]):format(tostring(with_init)))
+      assert.equal("", err)
+      assert.equal(0, code)
+      -- after (1st slice), before + after (2nd, yields in the scope),
+      -- before + after (3rd: the scope closes, then a yield), before + after
+      assert.equal("7\ttrue\ttrue\ttrue\ttrue\ttrue\n", out)
+    end)
+  end
+
   -- review finding: the after that follows a before hook that closed its
   -- coroutine ran with the resumer's ids; it runs in the coroutine's
   it("the after of a coroutine closed by its before hook runs in the coroutine's context", function()

@@ -144,6 +144,10 @@ typedef struct ah_state {
   /* makes the resource of the luv callback running in slot s on demand
   ** (set by ah_open_luv; slots.c calls it without knowing luv.c) */
   int (*lazy_resource)(lua_State *L, struct ah_state *st, int s);
+  /* pushes the own resource of the coroutine at thread_idx while scopes are
+  ** open in it (set by ah_open_scope; slots.c calls it without knowing
+  ** scope.c); 0 if none is open */
+  int (*own_resource)(lua_State *L, int thread_idx);
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 

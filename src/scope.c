@@ -193,7 +193,38 @@ static const luaL_Reg scope_funcs[] = {
 };
 
 /* module table on top: the guard metatable, enter_scope */
+/* The own resource of the coroutine at thread_idx while scopes are open in
+** it (a coroutine's before/after reports it, see ah_ov): the resource it
+** had when its outermost open scope was entered, which that scope's exit
+** gives back; made now ({thread = co}) and kept there if it had none.
+** Pushes it and returns 1; 0 (nothing pushed) if no scope is open. */
+static int own_resource(lua_State *L, int thread_idx) {
+  int n = 0;
+  thread_idx = lua_absindex(L, thread_idx);
+  luaL_checkstack(L, 8, "async_hooks");
+  ah_get_guard(L, thread_idx); /* innermost */
+  while (lua_type(L, -1) == LUA_TUSERDATA) {
+    n++;
+    luaL_checkstack(L, 4, "async_hooks: too many open scopes");
+    lua_getiuservalue(L, -1, G_PREV_GUARD);
+  }
+  lua_pop(L, 1);
+  if (n == 0) return 0;
+  if (lua_getiuservalue(L, -1, G_PREV_RES) != LUA_TTABLE) { /* outermost's */
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, thread_idx);
+    lua_setfield(L, -2, "thread");
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, -3, G_PREV_RES);
+  }
+  lua_replace(L, -(n + 1));
+  lua_pop(L, n - 1);
+  return 1;
+}
+
 void ah_open_scope(lua_State *L) {
+  ah_st(L)->own_resource = own_resource;
   ah_new_metatable(L, "async_hooks.scope", "__close", guard_close,
                    AUX_GUARD_MT);
   ah_add_funcs(L, scope_funcs);

@@ -828,7 +828,9 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   luaL_checkstack(L, 6, "async_hooks");
   if (st->slots[cs].L == st->ov.co && st->slots[cs].base_id == st->ov.id) {
     lua_rawgeti(L, AH_UV_TH, cs); /* alive: the resumer holds it */
-    ah_push_resource_of(L, st, cs, -1);
+    /* scopes open in it: its own resource, not the innermost scope's */
+    if (!(st->slots[cs].scopes && st->own_resource && st->own_resource(L, -1)))
+      ah_push_resource_of(L, st, cs, -1);
     lua_remove(L, -2);
     return;
   }
