@@ -221,6 +221,11 @@ void ah_set_resource(lua_State *L, int s, int idx);
 static inline int ah_no_resource(lua_State *L, int idx) {
   return lua_isnil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx));
 }
+/* anchors.c: the anchors' primitives slots.c uses */
+void ah_eph_set(lua_State *L, ah_state *st, int eph, int thread_idx, int idx);
+void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx);
+void ah_unpend(lua_State *L, ah_state *st, int s);
+void ah_unpendr(lua_State *L, ah_state *st, int s);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);
