@@ -84,15 +84,20 @@ void ah_set_guard(lua_State *L, int idx) {
 ** when there is nothing to anchor) until the slot is released, so that a
 ** restore, which only ever returns to a value the thread had before, never
 ** allocates.  F[s] and R[s] exist from registration on. */
-/* the frame of slot s is no longer anchored in AUX_PEND (raw set of an
-** existing array key: cannot fail) */
-void ah_unpend(lua_State *L, ah_state *st, int s) {
+/* AUX_PEND[s] = nil, and flag (A_PEND, A_STALE) no longer counted (raw
+** set of an existing array key: cannot fail) */
+static void drop_pend(lua_State *L, ah_state *st, int s, unsigned char flag) {
   lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
   lua_pushnil(L);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
-  st->slots[s].anchored &= ~A_PEND;
+  st->slots[s].anchored &= (unsigned char)~flag;
   st->npend--;
+}
+
+/* the frame of slot s is no longer anchored in AUX_PEND */
+void ah_unpend(lua_State *L, ah_state *st, int s) {
+  drop_pend(L, st, s, A_PEND);
 }
 
 /* AUX_PEND[s] = the value at idx (absolute) */
@@ -291,12 +296,7 @@ void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
 /* the new owner of slot s has no frame to anchor: drop the entry its
 ** previous owner left in AUX_PEND (raw set of an existing key) */
 void ah_drop_stale(lua_State *L, ah_state *st, int s) {
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
-  lua_pushnil(L);
-  lua_rawseti(L, -2, s);
-  lua_pop(L, 1);
-  st->slots[s].anchored &= ~A_STALE;
-  st->npend--;
+  drop_pend(L, st, s, A_STALE);
 }
 
 /* Before ah_take_slot + ah_anchor_frame: arm the sentinel and make sure
@@ -333,6 +333,14 @@ void ah_arm_anchors(lua_State *L, ah_state *st) {
   st->armed = 1;
 }
 
+/* push a new resource table for the thread at thread_idx: {thread = co} */
+void ah_new_thread_resource(lua_State *L, int thread_idx) {
+  thread_idx = lua_absindex(L, thread_idx);
+  lua_createtable(L, 0, 1);
+  lua_pushvalue(L, thread_idx);
+  lua_setfield(L, -2, "thread");
+}
+
 /* push the current resource of the thread at thread_idx (slot s),
 ** materializing a thread's own resource table ({thread = co}) the first
 ** time it is asked for, and a luv callback's (R[s] holds its trampoline
@@ -354,10 +362,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
     lua_rawgeti(L, AH_UV_AUX, AUX_TOP);
     return;
   }
-  thread_idx = lua_absindex(L, thread_idx);
-  lua_createtable(L, 0, 1);
-  lua_pushvalue(L, thread_idx);
-  lua_setfield(L, -2, "thread");
+  ah_new_thread_resource(L, thread_idx);
   set_resource_of(L, st, s, thread_idx, -1);
 }
 
@@ -386,9 +391,7 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   if (lua_rawget(L, -2) != LUA_TTABLE) { /* nobody saw one: made now, and
     ** anchored by its thread, so that the rest of the event sees this one */
     lua_pop(L, 1);
-    lua_createtable(L, 0, 1);
-    lua_pushvalue(L, -3);
-    lua_setfield(L, -2, "thread");
+    ah_new_thread_resource(L, -2);
     lua_pushvalue(L, -3);
     lua_pushvalue(L, -2);
     lua_rawset(L, -4); /* AUX_TR[co] = it (can fail: nothing changed yet) */

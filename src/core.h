@@ -226,6 +226,7 @@ void ah_eph_set(lua_State *L, ah_state *st, int eph, int thread_idx, int idx);
 void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx);
 void ah_unpend(lua_State *L, ah_state *st, int s);
 void ah_unpendr(lua_State *L, ah_state *st, int s);
+void ah_new_thread_resource(lua_State *L, int thread_idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);

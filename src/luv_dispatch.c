@@ -189,9 +189,10 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   lua_rawgeti(L, AH_UV_F, s);
   if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
             ** caller read (the id pushed on st->cb); its kind is read if
-            ** need be (the destroy of a request), its resource through
-            ** R[s]; its frame is never the empty one (a quick record is
-            ** made only where a frame is set): it is always switched */
+            ** need be (the destroy of a request), its resource from it
+            ** (lv->cur_base) if asked for; its frame is never the empty one
+            ** (a quick record is made only where a frame is set): it is
+            ** always switched */
     id = st->cb[st->cb_n - 1];
     trigger = qtrig;
     has_res = oneshot = 0;

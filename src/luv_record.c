@@ -223,21 +223,6 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   lua_settop(L, top);
 }
 
-/* push the record lv->cur (no reference to it is at hand: luv holds it in
-** the registry, so look there); 0 if not found.  Runs at most once per
-** record (the resource is then the thread's) and only until
-** executionAsyncResource() was first called (then records get theirs at
-** entry). */
-static int push_cur(lua_State *L, ah_luv *lv) {
-  lua_Integer i, n = (lua_Integer)lua_rawlen(L, LUA_REGISTRYINDEX);
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, i);
-    if (ah_luv_record(L, lv, -1) == lv->cur) return 1;
-    lua_pop(L, 1);
-  }
-  return 0;
-}
-
 /* push the record or quick record whose callback runs inline
 ** (lv->cur_base): it sits at that index of the innermost frame of the
 ** library's uv.run (dispatch_run ran there), below the running function's
@@ -294,11 +279,6 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
       r = lv->cur;
     }
     lua_settop(L, top);
-  }
-  if (!r && lv && lv->cur && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
-      push_cur(L, lv)) { /* the record that runs inline */
-    lua_replace(L, top);
-    r = lv->cur;
   }
   if (!r) {
     lua_pushboolean(L, 0);

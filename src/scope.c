@@ -165,16 +165,24 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
 /* The coroutine at co_idx starts (AH_BEFORE) or ends (AH_AFTER) a resume
 ** slice: emit for its open scopes, outermost first for before, innermost
 ** first for after. */
-void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
-  int n = 0, i, base;
-  ah_get_guard(L, co_idx);
-  base = lua_gettop(L); /* innermost guard; outermost at base + n - 1 */
+/* push the open guards of the thread at thread_idx, innermost first (the
+** outermost on top); returns how many */
+static int push_guards(lua_State *L, int thread_idx) {
+  int n = 0;
+  ah_get_guard(L, thread_idx);
   while (lua_type(L, -1) == LUA_TUSERDATA) {
     n++;
     luaL_checkstack(L, 4, "async_hooks: too many open scopes");
     lua_getiuservalue(L, -1, G_PREV_GUARD);
   }
   lua_pop(L, 1);
+  return n;
+}
+
+void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
+  int n, i, base = lua_gettop(L) + 1; /* innermost guard; outermost at
+                                       ** base + n - 1 */
+  n = push_guards(L, co_idx);
   for (i = 0; i < n; i++) {
     int idx = kind == AH_BEFORE ? base + n - 1 - i : base + i;
     ah_guard *g = (ah_guard *)lua_touserdata(L, idx);
@@ -192,29 +200,20 @@ static const luaL_Reg scope_funcs[] = {
   {NULL, NULL}
 };
 
-/* module table on top: the guard metatable, enter_scope */
 /* The own resource of the coroutine at thread_idx while scopes are open in
 ** it (a coroutine's before/after reports it, see ah_ov): the resource it
 ** had when its outermost open scope was entered, which that scope's exit
 ** gives back; made now ({thread = co}) and kept there if it had none.
 ** Pushes it and returns 1; 0 (nothing pushed) if no scope is open. */
 static int own_resource(lua_State *L, int thread_idx) {
-  int n = 0;
+  int n;
   thread_idx = lua_absindex(L, thread_idx);
   luaL_checkstack(L, 8, "async_hooks");
-  ah_get_guard(L, thread_idx); /* innermost */
-  while (lua_type(L, -1) == LUA_TUSERDATA) {
-    n++;
-    luaL_checkstack(L, 4, "async_hooks: too many open scopes");
-    lua_getiuservalue(L, -1, G_PREV_GUARD);
-  }
-  lua_pop(L, 1);
+  n = push_guards(L, thread_idx);
   if (n == 0) return 0;
   if (lua_getiuservalue(L, -1, G_PREV_RES) != LUA_TTABLE) { /* outermost's */
     lua_pop(L, 1);
-    lua_createtable(L, 0, 1);
-    lua_pushvalue(L, thread_idx);
-    lua_setfield(L, -2, "thread");
+    ah_new_thread_resource(L, thread_idx);
     lua_pushvalue(L, -1);
     lua_setiuservalue(L, -3, G_PREV_RES);
   }
@@ -223,6 +222,7 @@ static int own_resource(lua_State *L, int thread_idx) {
   return 1;
 }
 
+/* module table on top: the guard metatable, enter_scope */
 void ah_open_scope(lua_State *L) {
   ah_st(L)->own_resource = own_resource;
   ah_new_metatable(L, "async_hooks.scope", "__close", guard_close,
