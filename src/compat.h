@@ -25,12 +25,16 @@
 /* branch hints */
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_NOINLINE __attribute__((noinline))
+/* rarely run: placed apart from the hot paths (.text.unlikely), so that
+** those stay short in the instruction cache */
+#define AH_COLD __attribute__((noinline, cold))
 #define AH_ALWAYS_INLINE inline __attribute__((always_inline))
 #define AH_BRANCH_BARRIER() __asm__ __volatile__("")
 #define ah_likely(x) __builtin_expect(((x) != 0), 1)
 #define ah_unlikely(x) __builtin_expect(((x) != 0), 0)
 #else
 #define AH_NOINLINE
+#define AH_COLD
 #define AH_ALWAYS_INLINE
 #define AH_BRANCH_BARRIER() ((void)0)
 #define ah_likely(x) (x)

@@ -368,7 +368,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   int res = st->nhooks[AH_INIT] != 0, a1, a2;
   lua_Integer id, trigger = st->slots[s].id;
   const void *qp;
-  if (res) { /* (a request's) */
+  if (ah_unlikely(res)) { /* (a request's) */
     luaL_checkstack(L, 12, "async_hooks");
     a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
     a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
@@ -380,7 +380,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_pushinteger(L, id);              /* Q_ID */
   lua_pushinteger(L, trigger);         /* Q_TRIG */
   lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
-  if (res) lua_pushvalue(L, n + 1);    /* Q_RES: the resource, */
+  if (ah_unlikely(res)) lua_pushvalue(L, n + 1); /* Q_RES: the resource, */
   else if (handle_idx) lua_pushvalue(L, handle_idx); /* else the handle */
   else lua_pushnil(L);
   for (i = 0; i < sp->nf; i++) { /* Q_A1... */
@@ -394,7 +394,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   }
   lua_replace(L, pos);
   sp->lv->records = 1;
-  if (!res) {
+  if (ah_likely(!res)) {
     nres = sp->orig(L);
   } else { /* its init, with the resource from the closure (luv may have
            ** moved its arguments: then none, as for a record) */
@@ -414,30 +414,22 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   return nres;
 }
 
-/* the handle at 1 keeps nothing (wrapped_tracked read its user value only
-** when some handle keeps a record) */
-static int fresh_handle(lua_State *L, const ah_state *st) {
-  int t;
-  if (st->handles) return 0; /* read, and not nil */
-  t = lua_getiuservalue(L, 1, 1);
+/* the handle at 1 keeps nothing */
+static int fresh_handle(lua_State *L) {
+  int t = lua_getiuservalue(L, 1, 1);
   lua_pop(L, 1);
   return t == LUA_TNIL;
 }
 
 /* a new record takes the callback's place; stack: the n arguments (fresh:
 ** the handle at 1 keeps nothing, as its user value was just read) */
-static int track(lua_State *L, ah_state *st, const ah_luv *lv,
+static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
                  const ah_spec *sp, int s, int n, int pos, int fresh) {
   int nres, rec;
   int handle_idx = sp->kind != W_CREATE && sp->kind != W_WORK &&
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
   ah_rec *r;
-  if (sp->kind == W_REQ ? !st->res_on
-                        : !st->watched && keep && (fresh || fresh_handle(L, st))) {
-    int nres = track_q(L, st, sp, s, n, pos, handle_idx);
-    if (nres >= 0) return nres;
-  }
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
   if (keep) keep = fresh ? SLOT_NIL : slot_reserve(L, lv, 1, sp->slot);
@@ -488,13 +480,22 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
   int pos = find_callback(L, sp), nres, n;
   const ah_luv *lv;
   if (pos && obs) {
-    int closure = 0;
+    int closure = 0, udata = lua_type(L, 1) == LUA_TUSERDATA;
     lv = sp->lv;
     n = lua_gettop(L);
-    if (sp->kind == W_HANDLE && st->handles && lua_type(L, 1) == LUA_TUSERDATA) {
+    if (sp->kind == W_HANDLE && st->handles && udata) {
       ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
       if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
+    }
+    /* a quick record: a request, or the first registration on a fresh
+    ** handle (its user value read by slot_get, else here), while nothing
+    ** but a frame observes it */
+    if (sp->kind == W_REQ ? !st->res_on
+                          : sp->kind == W_HANDLE && udata && !st->watched &&
+                                (closure == -1 || (!st->handles && fresh_handle(L)))) {
+      nres = track_q(L, st, sp, s, n, pos, sp->kind == W_REQ ? udata : 1);
+      if (nres >= 0) return nres;
     }
     return track(L, st, lv, sp, s, n, pos, closure == -1);
   }

@@ -27,32 +27,38 @@
 /* ------------------------------------------------------------------- */
 /* native stack of entered records                                      */
 
-static int cb_push(ah_state *st, lua_Integer id) {
-  if (st->cb_n == st->cb_cap) {
-    size_t ncap = st->cb_cap * 2;
-    lua_Integer *n;
-    if (st->cb == st->cb_inline) {
-      n = malloc(ncap * sizeof *n);
-      if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
-    } else {
-      n = realloc(st->cb, ncap * sizeof *n);
-    }
-    if (!n) return 0;
-    st->cb = n;
-    st->cb_cap = ncap;
+static AH_COLD int cb_grow(ah_state *st) {
+  size_t ncap = st->cb_cap * 2;
+  lua_Integer *n;
+  if (st->cb == st->cb_inline) {
+    n = malloc(ncap * sizeof *n);
+    if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
+  } else {
+    n = realloc(st->cb, ncap * sizeof *n);
   }
+  if (!n) return 0;
+  st->cb = n;
+  st->cb_cap = ncap;
+  return 1;
+}
+
+static int cb_push(ah_state *st, lua_Integer id) {
+  if (ah_unlikely(st->cb_n == st->cb_cap) && !cb_grow(st)) return 0;
   st->cb[st->cb_n++] = id;
   return 1;
 }
 
+static AH_COLD void cb_shrink(ah_state *st) {
+  memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
+  free(st->cb);
+  st->cb = st->cb_inline;
+  st->cb_cap = AH_CB_INLINE;
+}
+
 static void cb_pop(ah_state *st) {
   st->cb_n--;
-  if (st->cb != st->cb_inline && st->cb_n <= AH_CB_INLINE / 2) {
-    memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
-    free(st->cb);
-    st->cb = st->cb_inline;
-    st->cb_cap = AH_CB_INLINE;
-  }
+  if (ah_unlikely(st->cb != st->cb_inline) && st->cb_n <= AH_CB_INLINE / 2)
+    cb_shrink(st);
 }
 
 /* `after` for every record entered above depth (an error unwound them) */
@@ -142,7 +148,7 @@ enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
 ** nothing (destroy hook errors end the process; ah_flush's stack check
 ** fits in what ah_luv_run reserved) */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
-static void flush_in_run(lua_State *L, ah_state *st) {
+static AH_NOINLINE void flush_in_run(lua_State *L, ah_state *st) {
   if (!st->luv_pending) {
     ah_flush(L, st);
     return;
@@ -244,17 +250,17 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     ** written then); once executionAsyncResource() was called, a record's
     ** resource is written at entry (programs that ask once ask often) */
     lv->cur_base = base;
-    if (has_res && st->res_on) { /* R[s] holds it (no search) */
+    if (ah_unlikely(has_res && st->res_on)) { /* R[s] holds it (no search) */
       lua_pushvalue(L, base + D_RES);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
-    } else if (depth && !(had & A_RES)) { /* nested: R[s] may hold the outer one's */
+    } else if (ah_unlikely(depth && !(had & A_RES))) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
       lua_rawseti(L, AH_UV_R, s);
       lv->cur_wrote = 1;
     }
     st->active += 2; /* the callback, and its entry in st->cb */
-    if (st->nhooks[AH_BEFORE]) ah_emit_id(L, st, AH_BEFORE, id);
+    if (ah_unlikely(st->nhooks[AH_BEFORE])) ah_emit_id(L, st, AH_BEFORE, id);
   } else {
     lua_pushboolean(L, 0);
     if (had & A_FRAME) { /* the root context: the empty frame */
@@ -280,24 +286,24 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   }
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore */
-  if (st->cb_n != depth + (r || q)) {
+  if (ah_unlikely(st->cb_n != depth + (r || q))) {
     cb_unwind(L, st, depth);
   } else if (r || q) {
-    if (st->nhooks[AH_AFTER]) ah_emit_id(L, st, AH_AFTER, id);
+    if (ah_unlikely(st->nhooks[AH_AFTER])) ah_emit_id(L, st, AH_AFTER, id);
     cb_pop(st);
     st->active--;
   }
-  if (q && st->nhooks[AH_DESTROY]) { /* a request's (as a record's) */
+  if (q && ah_unlikely(st->nhooks[AH_DESTROY])) { /* a request's (as a record's) */
     lua_getupvalue(L, base, Q_SPEC);
     oneshot = ((const ah_spec *)lua_touserdata(L, -1))->kind == W_REQ;
     lua_pop(L, 1);
   }
-  if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  if (oneshot && ah_unlikely(st->nhooks[AH_DESTROY])) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
-  if ((had | st->slots[s].anchored) & A_RES) {
+  if (ah_unlikely((had | st->slots[s].anchored) & A_RES)) {
     ah_set_resource(L, s, pres);
-  } else if (lv->cur_wrote) {
+  } else if (ah_unlikely(lv->cur_wrote)) {
     lua_pushvalue(L, pres);
     lua_rawseti(L, AH_UV_R, s);
   }
@@ -310,7 +316,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   ** switch above did (the thread's anchor still holds the previous frame);
   ** else in full (F[s] of the thread that runs the loop is written only
   ** here and through set_frame_of, which anchors; both count) */
-  if (st->fgen == fgen) {
+  if (ah_likely(st->fgen == fgen)) {
     if (switched) {
       frame_write(L, st, s, pframe);
       st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
@@ -322,9 +328,9 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lua_pop(L, 1);
   }
   st->active--;
-  if ((st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
+  if (ah_unlikely(st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
     flush_in_run(L, st);
-  if (nresults == 0) {
+  if (ah_likely(nresults == 0)) {
     lua_settop(L, base - 1);
   } else { /* [X pres pframe res results] -> [results] */
     lua_rotate(L, base, -(D_NSAVED + 1));
@@ -453,7 +459,7 @@ static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
 
 /* The common untracked case: a plain callback arriving while the thread's
 ** context is empty (uv.run at top level).  Only the ids are switched. */
-static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
+static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
                          int nargs, int nresults, int flags) {
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   size_t depth = st->cb_n;
@@ -492,16 +498,36 @@ static int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
   return ret;
 }
 
-/* Every luv callback comes through here (see the top of the file). */
 #define RUN_MARK lua_upvalueindex(AH_NUP + 2)
 #define RUN_LVP lua_upvalueindex(AH_NUP + 3) /* RUN_LV as a light pointer */
-int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+
+/* The inline path of a quick record (the caller checked all but the room
+** in st->cb) and of a re-armed handle's record (the caller pushed its
+** entry): one function each, apart from the rest, so that each is a short
+** run of code */
+static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                                  int base, int nargs, int nresults, int flags) {
+  lua_Integer qtrig;
+  if (ah_unlikely(!cb_push(st, ah_luv_q_ids(L, base, &qtrig)))) {
+    lua_pushvalue(L, RUN_LV);
+    return dispatch_slow(L, lv, nargs, nresults, flags);
+  }
+  return dispatch_run(L, lv, st, s, NULL, 1, qtrig, base, nargs, nresults, flags);
+}
+
+static AH_NOINLINE int dispatch_r(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                                  ah_rec *r, int base, int nargs, int nresults,
+                                  int flags) {
+  return dispatch_run(L, lv, st, s, r, 0, 0, base, nargs, nresults, flags);
+}
+
+/* Every case (ah_luv_cb_pcall below takes the common ones first). */
+static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
   ah_state *st;
   ah_rec *r;
   uintptr_t s;
   int base, known, in_run, q;
-  lua_Integer qtrig = 0;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
     lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
@@ -556,13 +582,53 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && !(q && st->res_on) &&
-      (!r || cb_push(st, r->id)) && (!q || cb_push(st, ah_luv_q_ids(L, base, &qtrig)))) {
-    /* two copies, so that the record's path pays nothing for the quick one */
-    if (q) return dispatch_run(L, lv, st, (int)s, NULL, 1, qtrig, base, nargs, nresults, flags);
-    return dispatch_run(L, lv, st, (int)s, r, 0, 0, base, nargs, nresults, flags);
+      (!r || cb_push(st, r->id))) {
+    if (q) return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
+    return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
   }
   if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
   return dispatch_slow(L, lv, nargs, nresults, flags);
+}
+
+/* Every luv callback comes through here (see the top of the file): the
+** common cases inside the library's uv.run (a quick record, a re-armed
+** handle's record, a plain callback in the root context), and the rest
+** through cb_pcall_full, which checks everything again. */
+int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key)) {
+    ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
+    ah_state *st = lv->st;
+    uintptr_t s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
+    if (ah_likely(!st->ov.slot && s < (uintptr_t)st->cap && st->slots[s].L == L)) {
+      int a = st->slots[s].anchored;
+      int root = !(a & (A_FRAME | A_RES)) && !st->cb_n;
+      flags |= lv->flags;
+      if (lv->records) { /* the callback may be a record */
+        int base = lua_gettop(L) - nargs;
+        lua_CFunction f = lua_tocfunction(L, base);
+        int keys = (a & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES);
+        if (f == ah_luv_q_fn) {
+          if (keys && !st->res_on)
+            return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
+          root = 0;
+        } else if (f == ah_luv_rec_fn1) {
+          if (keys && lv->closures) {
+            ah_rec *r;
+            lua_getupvalue(L, base, 1);
+            r = (ah_rec *)lua_touserdata(L, -1);
+            lua_replace(L, base); /* the record, as cb_pcall_full reads it */
+            if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
+              return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+          }
+          root = 0;
+        } else if (f || lua_type(L, base) != LUA_TFUNCTION) {
+          root = 0; /* a record, maybe */
+        }
+      }
+      if (root) return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
+    }
+  }
+  return cb_pcall_full(L, nargs, nresults, flags);
 }
 
 /* the library's uv.run: luv's, called in this frame, so that callbacks
