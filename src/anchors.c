@@ -337,8 +337,9 @@ void ah_arm_anchors(lua_State *L, ah_state *st) {
 void ah_new_thread_resource(lua_State *L, int thread_idx) {
   thread_idx = lua_absindex(L, thread_idx);
   lua_createtable(L, 0, 1);
+  lua_rawgeti(L, AH_UV_AUX, AUX_KTHREAD);
   lua_pushvalue(L, thread_idx);
-  lua_setfield(L, -2, "thread");
+  lua_rawset(L, -3);
 }
 
 /* push the current resource of the thread at thread_idx (slot s),

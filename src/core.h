@@ -59,6 +59,7 @@ enum {
   AUX_PEND,      /* slot -> frame: deferred anchors (strong; see slots.c) */
   AUX_PENDR,     /* slot -> resource: the same for resources */
   AUX_TCORO,     /* the string "coroutine" (init's type, not re-interned) */
+  AUX_KTHREAD,   /* the string "thread" (a thread's resource's key) */
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */

@@ -431,6 +431,8 @@ void ah_open_hooks(lua_State *L) {
   }
   lua_pushliteral(L, "coroutine");
   lua_rawseti(L, AH_UV_AUX, AUX_TCORO);
+  lua_pushliteral(L, "thread");
+  lua_rawseti(L, AH_UV_AUX, AUX_KTHREAD);
   ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
   ah_add_funcs(L, hook_funcs);
 }

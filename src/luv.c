@@ -572,6 +572,10 @@ static int l_luv_wrap(lua_State *L) {
   lua_setiuservalue(L, 12, SP_OP);
   lua_pushvalue(L, 6);
   lua_setiuservalue(L, 12, SP_TYPE);
+  lua_pushliteral(L, "op");
+  lua_setiuservalue(L, 12, SP_KOP);
+  lua_pushliteral(L, "handle");
+  lua_setiuservalue(L, 12, SP_KHANDLE);
   lua_pushvalue(L, 12);
   lua_rawsetp(L, 11, sp); /* anchored for the life of the state */
   luaL_checkstack(L, W_NUP, "async_hooks");

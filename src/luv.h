@@ -66,7 +66,9 @@ typedef struct ah_spec {
 /* user values: op name, resource type (or nil), names of the named args */
 enum { SP_OP = 1, SP_TYPE, SP_F1, SP_F2,
        SP_TMT, SP_TNAME, /* last handle metatable seen by init, its __name */
-       SP_NUV = SP_TNAME };
+       SP_KOP, SP_KHANDLE, /* the strings "op" and "handle" (resource keys:
+                           ** a raw set, no C string to intern) */
+       SP_NUV = SP_KHANDLE };
 
 /* A registration.  User values: the callback, the frame, the resource
 ** table (REC_RES set) or else the handle (or nil), then (specs with named

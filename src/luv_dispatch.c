@@ -611,10 +611,13 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
           if (keys && !st->res_on)
             return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
           root = 0;
-        } else if (f == ah_luv_rec_fn1) {
+        } else if (f == ah_luv_rec_fn1 || f == ah_luv_rec_fn) {
+          /* a record's closure (luv.c makes them, always with a record of
+          ** this state: a re-armed slot's, or a registration luv takes only
+          ** a function for) */
           if (keys && lv->closures) {
             ah_rec *r;
-            lua_getupvalue(L, base, 1);
+            lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? 1 : AH_NUP + 1);
             r = (ah_rec *)lua_touserdata(L, -1);
             lua_replace(L, base); /* the record, as cb_pcall_full reads it */
             if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
@@ -622,7 +625,11 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
           }
           root = 0;
         } else if (f || lua_type(L, base) != LUA_TFUNCTION) {
-          root = 0; /* a record, maybe */
+          /* a record itself (luv calls it through its __call), maybe */
+          ah_rec *r = f ? NULL : ah_luv_record(L, lv, base);
+          if (r && keys && ((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
+            return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+          root = 0;
         }
       }
       if (root) return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);

@@ -152,11 +152,13 @@ void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
   v[0] = a1 ? lua_absindex(L, a1) : 0;
   v[1] = a2 ? lua_absindex(L, a2) : 0;
   lua_createtable(L, 0, 2 + sp->nf);
+  lua_getiuservalue(L, spec, SP_KOP);
   lua_getiuservalue(L, spec, SP_OP);
-  lua_setfield(L, -2, "op");
+  lua_rawset(L, -3);
   if (handle_idx && !lua_isnil(L, handle_idx)) {
+    lua_getiuservalue(L, spec, SP_KHANDLE);
     lua_pushvalue(L, handle_idx);
-    lua_setfield(L, -2, "handle");
+    lua_rawset(L, -3);
   }
   for (i = 0; i < sp->nf; i++) {
     if (!v[i] || lua_isnil(L, v[i])) continue;
