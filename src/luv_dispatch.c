@@ -260,7 +260,8 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
       lv->cur_wrote = 1;
     }
     st->active += 2; /* the callback, and its entry in st->cb */
-    if (ah_unlikely(st->nhooks[AH_BEFORE])) ah_emit_id(L, st, AH_BEFORE, id);
+    /* (room: ah_luv_run reserved it for this frame) */
+    if (ah_unlikely(st->nhooks[AH_BEFORE])) ah_emit_id_reserved(L, st, AH_BEFORE, id);
   } else {
     lua_pushboolean(L, 0);
     if (had & A_FRAME) { /* the root context: the empty frame */
@@ -289,7 +290,11 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   if (ah_unlikely(st->cb_n != depth + (r || q))) {
     cb_unwind(L, st, depth);
   } else if (r || q) {
-    if (ah_unlikely(st->nhooks[AH_AFTER])) ah_emit_id(L, st, AH_AFTER, id);
+    if (ah_unlikely(st->nhooks[AH_AFTER])) { /* (room: as for before, unless
+                                             ** the callback left results) */
+      if (nresults == 0) ah_emit_id_reserved(L, st, AH_AFTER, id);
+      else ah_emit_id(L, st, AH_AFTER, id);
+    }
     cb_pop(st);
     st->active--;
   }
