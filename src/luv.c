@@ -331,11 +331,11 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
     r->fgen = st->fgen;
   }
-  if ((r->flags & REC_RES) && r == sp->lv->cur) {
+  if ((r->flags & REC_RES) && r == sp->lv->cur.rec) {
     /* its callback runs: its resource stays the running one's */
     lua_getiuservalue(L, rec, RV_RES);
-    lua_rawseti(L, AH_UV_R, sp->lv->cur_slot);
-    sp->lv->cur_wrote = 1;
+    lua_rawseti(L, AH_UV_R, sp->lv->cur.slot);
+    sp->lv->cur.wrote = 1;
   }
   if (res || (r->flags & REC_RES)) {
     lua_pushvalue(L, res ? cb + 1 : 1);

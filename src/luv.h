@@ -25,14 +25,17 @@ typedef struct ah_luv {
   int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   int records;        /* a record was made: a callback can be one */
   /* the record whose callback runs inline (dispatch_run), with the asyncId
-  ** and slot it runs in: executionAsyncResource() finds it here */
-  struct ah_rec *cur;
-  lua_Integer cur_id;
-  int cur_slot;
-  int cur_wrote; /* R[cur_slot] was written while it runs (see rearm) */
-  int cur_base;  /* the running record or quick record is at this index of
-                 ** the frame of the library's uv.run (the innermost), where
-                 ** executionAsyncResource() finds it (0: none) */
+  ** and slot it runs in: executionAsyncResource() finds it here (saved and
+  ** restored as one, around each callback) */
+  struct ah_luv_cur {
+    struct ah_rec *rec;
+    lua_Integer id;
+    int slot;
+    int wrote; /* R[slot] was written while it runs (see rearm) */
+    int base;  /* the running record or quick record is at this index of
+               ** the frame of the library's uv.run (the innermost), where
+               ** executionAsyncResource() finds it (0: none) */
+  } cur;
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 

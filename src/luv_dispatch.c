@@ -183,9 +183,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   size_t depth = st->cb_n - (r || q); /* the caller pushed r's (q's) entry */
   int oneshot, has_res;
   const void *rframe = NULL;
-  ah_rec *pcur = lv->cur;
-  lua_Integer pcur_id = lv->cur_id;
-  int pcur_slot = lv->cur_slot, pcur_wrote = lv->cur_wrote, pcur_base = lv->cur_base;
+  struct ah_luv_cur pcur = lv->cur;
   int switched = 0;
   unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
@@ -196,7 +194,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
             ** caller read (the id pushed on st->cb); its kind is read if
             ** need be (the destroy of a request), its resource from it
-            ** (lv->cur_base) if asked for; its frame is never the empty one
+            ** (lv->cur.base) if asked for; its frame is never the empty one
             ** (a quick record is made only where a frame is set): it is
             ** always switched */
     id = st->cb[st->cb_n - 1];
@@ -242,22 +240,22 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     }
     fgen = st->fgen; /* before the before hook, which may write a frame */
     if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
-    lv->cur = r;
-    lv->cur_id = id;
-    lv->cur_slot = s;
-    lv->cur_wrote = 0;
+    lv->cur.rec = r;
+    lv->cur.id = id;
+    lv->cur.slot = s;
+    lv->cur.wrote = 0;
     /* its resource is found from it, or made, if asked for (R[s] is
     ** written then); once executionAsyncResource() was called, a record's
     ** resource is written at entry (programs that ask once ask often) */
-    lv->cur_base = base;
+    lv->cur.base = base;
     if (ah_unlikely(has_res && st->res_on)) { /* R[s] holds it (no search) */
       lua_pushvalue(L, base + D_RES);
       lua_rawseti(L, AH_UV_R, s);
-      lv->cur_wrote = 1;
+      lv->cur.wrote = 1;
     } else if (ah_unlikely(depth && !(had & A_RES))) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
       lua_rawseti(L, AH_UV_R, s);
-      lv->cur_wrote = 1;
+      lv->cur.wrote = 1;
     }
     st->active += 2; /* the callback, and its entry in st->cb */
     /* (room: ah_luv_run reserved it for this frame) */
@@ -270,17 +268,17 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
       switched = 1;
     }
     fgen = st->fgen;
-    lv->cur = NULL;
-    lv->cur_id = 0;
-    lv->cur_slot = s;
-    lv->cur_wrote = 0;
-    lv->cur_base = 0;
+    lv->cur.rec = NULL;
+    lv->cur.id = 0;
+    lv->cur.slot = s;
+    lv->cur.wrote = 0;
+    lv->cur.base = 0;
     if (had & A_RES) {
       ah_set_resource(L, s, -1);
     } else if (depth) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
       lua_rawseti(L, AH_UV_R, s);
-      lv->cur_wrote = 1;
+      lv->cur.wrote = 1;
     }
     lua_pop(L, 1);
     st->active++;
@@ -308,15 +306,11 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   st->slots[s].trigger = ptrig;
   if (ah_unlikely((had | st->slots[s].anchored) & A_RES)) {
     ah_set_resource(L, s, pres);
-  } else if (ah_unlikely(lv->cur_wrote)) {
+  } else if (ah_unlikely(lv->cur.wrote)) {
     lua_pushvalue(L, pres);
     lua_rawseti(L, AH_UV_R, s);
   }
   lv->cur = pcur;
-  lv->cur_id = pcur_id;
-  lv->cur_slot = pcur_slot;
-  lv->cur_wrote = pcur_wrote;
-  lv->cur_base = pcur_base;
   /* the frame: unchanged when nothing wrote one; only F[s] when only the
   ** switch above did (the thread's anchor still holds the previous frame);
   ** else in full (F[s] of the thread that runs the loop is written only

@@ -226,7 +226,7 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
 }
 
 /* push the record or quick record whose callback runs inline
-** (lv->cur_base): it sits at that index of the innermost frame of the
+** (lv->cur.base): it sits at that index of the innermost frame of the
 ** library's uv.run (dispatch_run ran there), below the running function's
 ** frames; 0 if not found */
 static int push_cur_base(lua_State *L, ah_luv *lv) {
@@ -243,7 +243,7 @@ static int push_cur_base(lua_State *L, ah_luv *lv) {
     }
     lua_pop(L, 1);
     if (!run) continue;
-    return lua_getlocal(L, &ar, lv->cur_base) != NULL;
+    return lua_getlocal(L, &ar, lv->cur.base) != NULL;
   }
   return 0;
 }
@@ -251,7 +251,7 @@ static int push_cur_base(lua_State *L, ah_luv *lv) {
 /* For stack.c (executionAsyncResource): while a record's callback runs on
 ** the slow path, R[s] holds the record itself (not anchored: it is on the
 ** stack meanwhile); inline, the dispatch keeps where the record or quick
-** record sits (lv->cur_base, lv->cur).  The value at the top is R[s]:
+** record sits (lv->cur.base, lv->cur).  The value at the top is R[s]:
 ** replace it by the resource, made now if need be, and return 1 when it is
 ** the resource of the callback running in slot s; else by false and return
 ** 0.  The caller then makes it the thread's (R[s], anchored), so later
@@ -266,7 +266,7 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
     r = ah_luv_record(L, lv, top);
   }
   lua_settop(L, top);
-  if (!r && lv && lv->cur_base && lv->cur_id == st->slots[s].id && lv->cur_slot == s &&
+  if (!r && lv && lv->cur.base && lv->cur.id == st->slots[s].id && lv->cur.slot == s &&
       push_cur_base(L, lv)) { /* the (quick) record that runs inline */
     lua_Integer trigger;
     if (lua_tocfunction(L, top + 1) == ah_luv_q_fn) {
@@ -276,9 +276,9 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
         lua_settop(L, top);
         return 1;
       }
-    } else if (lv->cur && ah_luv_record(L, lv, top + 1) == lv->cur) {
+    } else if (lv->cur.rec && ah_luv_record(L, lv, top + 1) == lv->cur.rec) {
       lua_replace(L, top);
-      r = lv->cur;
+      r = lv->cur.rec;
     }
     lua_settop(L, top);
   }
