@@ -15,6 +15,10 @@
 **    is switched; hook events go through one protected call each;
 **  - slow: anything else (other threads, a resource made lazily), through
 **    protected enter/leave closures that do their allocations first.
+** ah_luv_cb_pcall recognises the common cases of the first two in a few
+** tests and runs them in short functions of their own (dispatch_root
+** inlined, dispatch_q, dispatch_r: the instruction cache holds little of
+** this code between two callbacks); cb_pcall_full decides everything else.
 ** A record's __call does the same when luv calls it without our cb_pcall in
 ** front (after uninstall()).
 */
