@@ -222,15 +222,16 @@ static int run_hooks(lua_State *L) {
 ** the stack: dispatch_begin pushes the message handler and what to call (the
 ** hook itself when the list has one function, the common case, else
 ** run_hooks and the list) and returns the base; the caller pushes the
-** arguments; dispatch_end makes the one protected call.  An error in a hook
-** is fatal.  Cannot fail otherwise once the caller made room for nargs + 4
-** values (the end of the dispatch only swaps prepared lists in): callers
-** dispatch inside sections that must not fail.  A dispatch keeps the list
-** it started with. */
+** nargs arguments (pushes that neither allocate nor run code: nhooks[kind]
+** is the same in both halves); dispatch_end makes the one protected call.
+** An error in a hook is fatal.  Cannot fail otherwise once the caller
+** made room for nargs + 4 values (the end of the dispatch only swaps
+** prepared lists in): callers dispatch inside sections that must not fail.
+** A dispatch keeps the list it started with. */
 static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
   int base = lua_gettop(L);
   lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
-  if (st->nhooks[kind] == 1) {       /* [msgh hook] */
+  if (ah_likely(st->nhooks[kind] == 1)) { /* [msgh hook] */
     lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
   } else {                           /* [msgh run_hooks list] */
     lua_pushcfunction(L, run_hooks);
@@ -241,9 +242,11 @@ static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
   return base;
 }
 
-static void dispatch_end(lua_State *L, ah_state *st, int kind, int base) {
+static void dispatch_end(lua_State *L, ah_state *st, int kind, int base,
+                         int nargs) {
   st->dispatching++;
-  if (lua_pcall(L, lua_gettop(L) - base - 2, 0, base + 1) != LUA_OK) {
+  /* run_hooks gets the list as its first argument */
+  if (lua_pcall(L, nargs + (st->nhooks[kind] != 1), 0, base + 1) != LUA_OK) {
     fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
             kind_names[kind], lua_tostring(L, -1));
     fflush(stderr);
@@ -259,7 +262,7 @@ void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
                          lua_Integer id) {
   int base = dispatch_begin(L, st, kind);
   lua_pushinteger(L, id);
-  dispatch_end(L, st, kind, base);
+  dispatch_end(L, st, kind, base, 1);
 }
 
 void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
@@ -281,7 +284,7 @@ void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
   lua_pushvalue(L, type_idx);
   lua_pushinteger(L, trigger);
   lua_pushvalue(L, res_idx);
-  dispatch_end(L, st, AH_INIT, base);
+  dispatch_end(L, st, AH_INIT, base, 4);
 }
 
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
