@@ -204,6 +204,46 @@ describe("luv integration", function()
     os.remove(path)
   end)
 
+  -- uv.walk(fn) calls fn at once, once per handle, through luv's cb_pcall:
+  -- a call, not a registration, so fn runs in the caller's context (found
+  -- by a review: it ran in the root context)
+  it("uv.walk runs its function in the caller's context, with no hook events", function()
+    local v = AsyncLocal.new()
+    local events = 0
+    local t = uv.new_timer()
+    local seen = {}
+    v:run("request", function()
+      uv.walk(function(h)
+        if h == t then seen[#seen + 1] = { ah.executionAsyncId(), v:get() } end
+      end)
+    end)
+    local co_seen
+    coroutine.wrap(function()
+      v:set("co")
+      local id = ah.executionAsyncId()
+      uv.walk(function(h) if h == t then co_seen = { id, ah.executionAsyncId(), v:get() } end end)
+    end)()
+    local tick = uv.new_timer()
+    local in_cb
+    track(ah.createHook { before = function() events = events + 1 end,
+      after = function() events = events + 1 end }):enable()
+    v:run("cb", function()
+      tick:start(0, 0, function()
+        local id = ah.executionAsyncId()
+        local before = events
+        uv.walk(function(h) if h == t then in_cb = { id, ah.executionAsyncId(), v:get(), events - before } end end)
+        tick:close()
+      end)
+    end)
+    t:close()
+    run_loop()
+    assert.same({ { 1, "request" } }, seen)
+    assert.equal(co_seen[1], co_seen[2])
+    assert.equal("co", co_seen[3])
+    assert.is_true(in_cb[1] > 1)
+    assert.same({ in_cb[1], in_cb[1], "cb", 0 }, in_cb)
+  end)
+
   it("TCP echo server: 50 concurrent clients each see only their own value", function()
     local v = AsyncLocal.new()
     local server = uv.new_tcp()

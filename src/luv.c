@@ -654,14 +654,17 @@ static void warm_registry(lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
 }
 
-/* luv_attach(): take over luv's cb_pcall (idempotent) */
+/* luv_attach([walk]): take over luv's cb_pcall (idempotent); walk is
+** luv's uv.walk, whose callbacks are calls, not loop callbacks */
 static int l_luv_attach(lua_State *L) {
   ah_luv *lv;
   ah_luv_ctx *ctx;
+  lua_CFunction walk = lua_tocfunction(L, 1);
   if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
     return luaL_error(L, "luv is not loaded in this Lua state");
   ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lv = luv_state(L);
+  if (walk) lv->walk = walk;
   if (ctx->cb_pcall == ah_luv_cb_pcall) return 0;
   lv->ctx = ctx;
   lv->orig = ctx->cb_pcall;

@@ -524,6 +524,19 @@ static AH_NOINLINE int dispatch_r(lua_State *L, ah_luv *lv, ah_state *st, int s,
   return dispatch_run(L, lv, st, s, r, 0, 0, base, nargs, nresults, flags);
 }
 
+/* uv.walk(fn) calls fn at once, once per handle, through cb_pcall (from
+** luv's own C function, the running one): a call in the caller's context,
+** not a loop callback */
+static int in_walk(lua_State *L, const ah_luv *lv) {
+  lua_Debug ar;
+  lua_CFunction f;
+  if (!lv->walk || !lua_getstack(L, 0, &ar) || !lua_checkstack(L, 1)) return 0;
+  lua_getinfo(L, "f", &ar);
+  f = lua_tocfunction(L, -1);
+  lua_pop(L, 1);
+  return f == lv->walk;
+}
+
 /* Every case (ah_luv_cb_pcall below takes the common ones first). */
 static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int flags) {
   ah_luv *lv;
@@ -538,6 +551,7 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
     lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
     lv = (ah_luv *)lua_touserdata(L, -1);
     lua_pop(L, 1);
+    if (in_walk(L, lv)) return lv->orig(L, nargs, nresults, flags | lv->flags);
   }
   st = lv->st;
   if (ah_unlikely(st->ov.slot)) {
