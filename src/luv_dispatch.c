@@ -518,7 +518,7 @@ static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
   return dispatch_run(L, lv, st, s, NULL, 1, qtrig, base, nargs, nresults, flags);
 }
 
-static AH_NOINLINE int dispatch_r(lua_State *L, ah_luv *lv, ah_state *st, int s,
+static AH_ALWAYS_INLINE int dispatch_r(lua_State *L, ah_luv *lv, ah_state *st, int s,
                                   ah_rec *r, int base, int nargs, int nresults,
                                   int flags) {
   return dispatch_run(L, lv, st, s, r, 0, 0, base, nargs, nresults, flags);
