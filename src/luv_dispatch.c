@@ -505,9 +505,9 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
 #define RUN_LVP lua_upvalueindex(AH_NUP + 3) /* RUN_LV as a light pointer */
 
 /* The inline path of a quick record (the caller checked all but the room
-** in st->cb) and of a re-armed handle's record (the caller pushed its
-** entry): one function each, apart from the rest, so that each is a short
-** run of code */
+** in st->cb): a function of its own, apart from the rest, so that it is a
+** short run of code; and of a record (the caller pushed its entry), inlined
+** where it is called (one prologue per callback: the timer chain's path) */
 static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
                                   int base, int nargs, int nresults, int flags) {
   lua_Integer qtrig;
