@@ -523,6 +523,11 @@ static int wrapped(lua_State *L) {
   int s = ah_slot_of(L, st), obs = observable(st, s);
   if (ah_likely(!obs && !st->handles))
     return sp->orig(L); /* nothing to track, no tracked handle to end */
+  /* no callback (a synchronous call, a close without one) and no tracked
+  ** handle registration to end: as wrapped_tracked would (pos < 16: an
+  ** acceptable index) */
+  if (!st->handles && !sp->alt && lua_type(L, sp->pos) <= LUA_TNIL)
+    return sp->orig(L);
   return wrapped_tracked(L, sp, st, s, obs);
 }
 
