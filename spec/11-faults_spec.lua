@@ -62,6 +62,15 @@ describe("fault injection #slow", function()
     end)
   end
 
+  it("a hook change that fails inside a hook, after another change there, leaves dispatch working", function()
+    local ok, out = run(exe, 0, 0, "tests/faults_hook_change.lua")
+    assert.is_true(ok, out)
+    local points, failed = out:match("fault injection: (%d+) allocation points, .-(%d+) failed")
+    assert.truthy(points, out)
+    assert.equal("0", failed, out)
+    assert.is_true(tonumber(points) > 5, "allocation points: " .. points)
+  end)
+
   -- the harness itself: a workload whose state check fails must be reported
   it("reports a workload that leaves a broken state", function()
     local script = os.tmpname()

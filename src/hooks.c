@@ -28,7 +28,7 @@ static const char *const kind_names[AH_NKINDS + 1] = {
 ** protected, before anything changes (see commit). */
 static int l_prepare(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 2);
-  int k, i, n;
+  int k, i, n, counts[AH_NKINDS + 1];
   lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
   n = (int)lua_rawlen(L, 3);
   lua_createtable(L, 2 * AH_NKINDS, 0); /* 4 */
@@ -46,9 +46,11 @@ static int l_prepare(lua_State *L) {
     if (c == 1) lua_rawgeti(L, -1, 1); else lua_pushboolean(L, 0);
     lua_rawseti(L, 4, AH_NKINDS + k); /* the only hook of the kind */
     lua_rawseti(L, 4, k);
-    st->next_n[k] = c;
+    counts[k] = c;
   }
   lua_rawseti(L, 1, AUX_NEXT);
+  /* the counts last, with the lists: a failure above changes neither */
+  for (k = 1; k <= AH_NKINDS; k++) st->next_n[k] = counts[k];
   return 0;
 }
 
