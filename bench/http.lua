@@ -82,6 +82,17 @@ local function load(c, seconds, pin)
   return tonumber(out:match("Requests/sec:%s*([%d%.]+)")) or 0, cpu
 end
 
+--- mean of the logs of paired ratios, as a ratio, and its standard error
+-- (as a fraction): how far the rounds agree, for the notes under the table
+local function geo_se(t)
+  local n, sum, sq = #t, 0, 0
+  if n < 2 then return nil end
+  for _, x in ipairs(t) do sum = sum + math.log(x) end
+  local m = sum / n
+  for _, x in ipairs(t) do sq = sq + (math.log(x) - m) ^ 2 end
+  return math.exp(m), math.sqrt(sq / (n - 1) / n)
+end
+
 local function median(t)
   local s = {}
   for i, x in ipairs(t) do s[i] = x end
@@ -111,7 +122,7 @@ function M.run()
         cmd = ("node bench/node_server.js %s %d"):format(ctx, TIMER_MS) }
     end
   end
-  local by = {}
+  local by, rounds = {}, {}
   for _, c in ipairs(configs) do by[c.name] = c end
   U.header(("HTTP: coroutine per request (0 ms timer + fs read), wrk -t1 -c%d, %d rounds of %d s, %s")
     :format(CONNS, ROUNDS, SECONDS, pinned and "servers on CPU 0, wrk on CPU 1" or "NOT pinned (no taskset)"))
@@ -125,6 +136,7 @@ function M.run()
     print("|" .. ("---|"):rep(#head + (node and 4 or 2) + (floor and 1 or 0)))
     for r = 1, ROUNDS do
       local rps, cpu = {}, {}
+      rounds[r] = rps
       for i = 1, #configs do
         local c = configs[r % 2 == 1 and i or #configs + 1 - i]
         rps[c.name], cpu[c.name] = load(c, SECONDS, cpin)
@@ -177,6 +189,27 @@ function M.run()
       :format(cpu_median("lua asynclocal"), cpu_median("lua hooks"), node and cpu_median("node als")
         and (", Node AsyncLocalStorage %.3f, Node empty hooks %.3f"):format(cpu_median("node als"),
           cpu_median("node hooks")) or ""))
+  end
+  -- how precise the paired ratios are: their geometric mean and its
+  -- standard error over the rounds, and the library against its floor
+  -- paired in the same rounds (what the floor rule compares)
+  do
+    local function spread(a, b)
+      local t = {}
+      for _, rps in ipairs(rounds) do
+        if (rps[a] or 0) > 0 and (rps[b] or 0) > 0 then t[#t + 1] = rps[a] / rps[b] end
+      end
+      local g, se = geo_se(t)
+      return g and ("%s / %s %.3f +- %.1f %%"):format(a, b, g, se * 100)
+    end
+    local notes = {}
+    for _, p in ipairs { { "lua asynclocal", "lua none" }, { "lua floor", "lua none" },
+                         { "lua asynclocal", "lua floor" }, { "lua hooks", "lua none" } } do
+      notes[#notes + 1] = by[p[1]] and by[p[2]] and spread(p[1], p[2]) or nil
+    end
+    if #notes > 0 then
+      print("  geometric means of the paired ratios +- their standard error: " .. table.concat(notes, ", "))
+    end
   end
   local clean = function(c) return c.mismatches == 0 end
   -- a target counts as met when the throughput ratio meets it and so does
