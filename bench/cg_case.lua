@@ -21,7 +21,7 @@ local co = variant == "raw" and raw or ah.coroutine
 local v = ah.AsyncLocal.new()
 -- the floor cases' stand-in for v (an upvalue of the cases, as v is)
 local fv
-local VARIANTS = { raw = true, installed = true, value = true, hooks = true }
+local VARIANTS = { raw = true, installed = true, value = true, hooks = true, hooks_res = true }
 assert(VARIANTS[variant], "unknown variant " .. tostring(variant))
 assert(n and n >= 1, "n must be a positive integer")
 
@@ -32,6 +32,9 @@ end
 if variant ~= "raw" then ah.install() end
 if variant == "hooks" then
   ah.createHook { init = function() end, before = function() end,
+    after = function() end, destroy = function() end }:enable()
+elseif variant == "hooks_res" then -- the same, but init can see its resource
+  ah.createHook { init = function(_, _, _, _) end, before = function() end,
     after = function() end, destroy = function() end }:enable()
 end
 -- what v:get() must return inside a callback or coroutine of the case

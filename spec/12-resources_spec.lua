@@ -409,3 +409,108 @@ describe("luv resources made lazily", function()
     }, lines)
   end)
 end)
+
+describe("init hooks that cannot see the resource", function()
+  -- A Lua init hook with fewer than 4 parameters and no `...` cannot reach
+  -- its 4th argument: no resource table is made just to be passed to it
+  -- (core.stats().init_resources counts the hooks that can see one).  The
+  -- resource is then made when executionAsyncResource() first asks, and is
+  -- the same table in before, in the callback and in after.
+  local core = require("async_hooks.core")
+  local track, untrack = H.hook_tracker()
+  before_each(function() ah.install() end)
+  after_each(function()
+    untrack()
+    ah.uninstall()
+  end)
+
+  it("counts the init hooks that can see it: 4 parameters, `...`, a C function", function()
+    local function count() return core.stats().init_resources end
+    local three = track(ah.createHook { init = function(_, _, _) end }):enable()
+    assert.equal(0, count())
+    local none = track(ah.createHook { init = function() end, before = function(_, _, _, _) end }):enable()
+    assert.equal(0, count()) -- before's parameters do not count
+    local four = track(ah.createHook { init = function(_, _, _, _) end }):enable()
+    assert.equal(1, count())
+    local vararg = track(ah.createHook { init = function(...) return ... end }):enable()
+    assert.equal(2, count())
+    local cfn = track(ah.createHook { init = rawequal }):enable()
+    assert.equal(3, count())
+    four:disable(); vararg:disable(); cfn:disable()
+    assert.equal(0, count())
+    -- changed inside a hook: counted when the outermost dispatch ends, with
+    -- the lists
+    local inner = ah.createHook { init = function(_, _, _, r) return r end }
+    local seen
+    local outer = track(ah.createHook {
+      before = function() inner:enable(); seen = count() end,
+    }):enable()
+    track(inner)
+    ah.AsyncResource.new("T"):runInAsyncScope(function() end)
+    assert.equal(0, seen)
+    assert.equal(1, count())
+    outer:disable(); inner:disable(); three:disable(); none:disable()
+    assert.equal(0, count())
+  end)
+
+  it("hooks that can see it get the table; the others the same call (4 arguments)", function()
+    local got, nargs = {}, {}
+    track(ah.createHook { init = function(id, type, trigger) got[id] = { type, trigger } end }):enable()
+    track(ah.createHook { init = function(...) nargs[#nargs + 1] = select("#", ...); got[select(4, ...)] = true end })
+      :enable()
+    local t = uv.new_timer()
+    local inside
+    t:start(1, 0, function() inside = ah.executionAsyncResource(); t:close() end)
+    uv.fs_stat("/", function() end)
+    coroutine.wrap(function() end)()
+    uv.run()
+    assert.same({ 4, 4, 4 }, nargs) -- timer_start, fs_stat, the coroutine
+    assert.is_true(got[inside]) -- the timer's, passed to the vararg hook
+    assert.equal("timer_start", inside.op)
+  end)
+
+  it("made when asked for, the same in before, the callback and after: records, requests, coroutines",
+    function()
+      local types, seen = {}, {} -- seen[id]: every resource seen in its context
+      local function note()
+        local id = ah.executionAsyncId()
+        if types[id] then
+          seen[id] = seen[id] or {}
+          table.insert(seen[id], ah.executionAsyncResource())
+        end
+      end
+      track(ah.createHook {
+        init = function(id, type) types[id] = type end,
+        before = note,
+        after = note,
+      }):enable()
+      assert.equal(0, core.stats().init_resources)
+      local t = uv.new_timer()
+      local path = tmpfile("x")
+      t:start(1, 0, function()
+        note()
+        t:close()
+      end)
+      uv.fs_stat(path, function() note() end)
+      local co = coroutine.create(function()
+        note()
+        coroutine.yield()
+        note()
+      end)
+      coroutine.resume(co)
+      uv.run()
+      coroutine.resume(co)
+      local by_type = {}
+      for id, list in pairs(seen) do
+        local n = types[id] == "coroutine" and 6 or 3 -- before, inside, after (per slice)
+        assert.equal(n, #list, types[id])
+        for i = 2, #list do assert.equal(list[1], list[i], types[id]) end
+        by_type[types[id]] = list[1]
+      end
+      assert.equal("timer_start", by_type.uv_timer.op)
+      assert.equal(t, by_type.uv_timer.handle)
+      assert.equal("fs_stat", by_type.uv_fs.op)
+      assert.equal(path, by_type.uv_fs.path)
+      assert.equal(co, by_type.coroutine.thread)
+    end)
+end)

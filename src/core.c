@@ -19,7 +19,7 @@ static int l_stats(lua_State *L) {
   ah_state *st = ah_st(L);
   int i, used = 0;
   for (i = 0; i < st->cap; i++) used += st->slots[i].L != NULL;
-  lua_createtable(L, 0, 11);
+  lua_createtable(L, 0, 12);
   lua_pushinteger(L, used);
   lua_setfield(L, -2, "slots");
   lua_pushinteger(L, st->cap);
@@ -44,6 +44,8 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "pending_tokens");
   lua_pushinteger(L, AH_PEND_AGE);
   lua_setfield(L, -2, "pend_age");
+  lua_pushinteger(L, st->init_res);
+  lua_setfield(L, -2, "init_resources");
   return 1;
 }
 

@@ -116,6 +116,9 @@ typedef struct ah_state {
   int dispatching;           /* depth of hook dispatch */
   int dirty;                 /* hook set changed during dispatch */
   int next_n[AH_NKINDS + 1]; /* sizes of the prepared lists (AUX_NEXT) */
+  int init_res;              /* init hooks that can see their 4th argument
+                             ** (the resource: made for init only then) */
+  int next_init_res;         /* the same, of the prepared lists */
   int luv_pending;           /* the luv integration must hear of destroy hooks */
   int active;                /* resumes + callbacks + main-thread scopes */
   int res_on;                /* executionAsyncResource() was called */

@@ -25,7 +25,12 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   ns = ah_register(L, st, thread_idx, -1, trigger, AH_KCORO);
   lua_pop(L, 1);
   if (ah_hooks_on(st, AH_INIT)) {
-    ah_push_resource_of(L, st, ns, thread_idx);
+    /* its resource ({thread = co}) only for hooks that can see it; else
+    ** made when executionAsyncResource() asks (ah_push_resource_of) */
+    if (st->init_res)
+      ah_push_resource_of(L, st, ns, thread_idx);
+    else
+      lua_pushnil(L);
     lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
     ah_emit_init_v(L, st, st->slots[ns].base_id, -1, trigger, -2);
     lua_pop(L, 2);

@@ -23,12 +23,24 @@ static const char *const kind_names[AH_NKINDS + 1] = {
 /* --------------------------------------------------------------------- */
 /* the enabled set                                                         */
 
+/* an init hook at the top (popped) can see its 4th argument, the
+** resource: a C function, or a Lua function with 4 parameters or `...`.
+** The others cannot (a Lua function has no access to arguments beyond its
+** parameters unless it is vararg), so for them no resource is made just to
+** be passed: one is made later if executionAsyncResource() asks for it. */
+static int sees_resource(lua_State *L) {
+  lua_Debug ar;
+  lua_getinfo(L, ">u", &ar); /* pops; allocates nothing */
+  return ar.isvararg || ar.nparams >= 4;
+}
+
 /* prepare(aux, st): build the per-kind lists of the enabled set into
-** aux[AUX_NEXT] and their sizes into st->next_n.  Allocates: runs
+** aux[AUX_NEXT] and their sizes into st->next_n (and the number of init
+** hooks that see the resource into st->next_init_res).  Allocates: runs
 ** protected, before anything changes (see commit). */
 static int l_prepare(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 2);
-  int k, i, n, counts[AH_NKINDS + 1];
+  int k, i, n, counts[AH_NKINDS + 1], init_res = 0;
   lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
   n = (int)lua_rawlen(L, 3);
   lua_createtable(L, 2 * AH_NKINDS, 0); /* 4 */
@@ -37,9 +49,13 @@ static int l_prepare(lua_State *L) {
     lua_createtable(L, n, 0);
     for (i = 1; i <= n; i++) {
       lua_rawgeti(L, 3, i);
-      if (lua_getfield(L, -1, kind_names[k]) == LUA_TFUNCTION)
+      if (lua_getfield(L, -1, kind_names[k]) == LUA_TFUNCTION) {
+        if (k == AH_INIT) {
+          lua_pushvalue(L, -1);
+          init_res += sees_resource(L);
+        }
         lua_rawseti(L, -3, ++c);
-      else
+      } else
         lua_pop(L, 1);
       lua_pop(L, 1);
     }
@@ -51,6 +67,7 @@ static int l_prepare(lua_State *L) {
   lua_rawseti(L, 1, AUX_NEXT);
   /* the counts last, with the lists: a failure above changes neither */
   for (k = 1; k <= AH_NKINDS; k++) st->next_n[k] = counts[k];
+  st->next_init_res = init_res;
   return 0;
 }
 
@@ -70,6 +87,7 @@ static void commit(lua_State *L, ah_state *st) {
     lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + k - 1);
   }
   lua_pop(L, 1);
+  st->init_res = st->next_init_res;
   st->dirty = 0;
   st->watched = st->res_on || st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] ||
                 st->nhooks[AH_AFTER] || st->nhooks[AH_DESTROY];

@@ -216,11 +216,12 @@ static void push_type(lua_State *L, int handle_idx) {
   lua_pushliteral(L, "uv_handle");
 }
 
-/* luv accepted the registration of r (at rec, 0: lost): its init */
+/* luv accepted the registration of r (at rec, 0: lost): its init (with
+** its resource when an init hook can see it) */
 static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
                        int handle_idx) {
   if (st->nhooks[AH_INIT]) {
-    if (rec) ah_luv_push_resource(L, r, rec); else lua_pushnil(L);
+    if (rec && st->init_res) ah_luv_push_resource(L, r, rec); else lua_pushnil(L);
     push_type(L, handle_idx);
     ah_emit_init_v(L, st, r->id, -1, r->trigger, -2);
     lua_pop(L, 2);
@@ -231,7 +232,7 @@ static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
 ** (n arguments) */
 static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
                           int pos, int s, int handle_idx, int n) {
-  int eager = st->nhooks[AH_INIT] || st->res_on || sp->kind == W_CREATE;
+  int eager = st->init_res || st->res_on || sp->kind == W_CREATE;
   int a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
   int a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
   ah_rec *r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec),
@@ -285,7 +286,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
 static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                  int n, int pos, ah_rec *r, int closure) {
   int nres, destroy = st->nhooks[AH_DESTROY] != 0;
-  int res = st->nhooks[AH_INIT] || st->res_on, fresh = 0;
+  int res = st->init_res || st->res_on, fresh = 0;
   int fnv = n + 1, rec = n + 2, cb = n + 3; /* Lua guarantees LUA_MINSTACK */
   lua_Integer id, old;
   /* luv is handed the record's closure, not the record: luv's callable
@@ -365,7 +366,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
 static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
   int i, nres, nup = Q_N + sp->nf; /* at most 8 pushes: within LUA_MINSTACK */
-  int res = st->nhooks[AH_INIT] != 0, a1, a2;
+  int init = st->nhooks[AH_INIT] != 0, res = init && st->init_res, a1, a2;
   lua_Integer id, trigger = st->slots[s].id;
   const void *qp;
   if (ah_unlikely(res)) { /* (a request's) */
@@ -387,22 +388,24 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     if (sp->f[i] <= n) lua_pushvalue(L, sp->f[i]); else lua_pushnil(L);
   }
   lua_pushcclosure(L, ah_luv_q_fn, nup); /* can fail: before any change */
-  if (ah_unlikely(sp->kind == W_REQ ? st->res_on || (st->nhooks[AH_INIT] && !res)
+  if (ah_unlikely(sp->kind == W_REQ ? st->res_on || (st->nhooks[AH_INIT] != 0) != init ||
+                                          (init && (st->init_res != 0) != res)
                                     : st->watched)) {
     lua_settop(L, n);
     return -1;
   }
   lua_replace(L, pos);
   sp->lv->records = 1;
-  if (ah_likely(!res)) {
+  if (ah_likely(!init)) {
     nres = sp->orig(L);
-  } else { /* its init, with the resource from the closure (luv may have
-           ** moved its arguments: then none, as for a record) */
+  } else { /* its init, with the resource from the closure when a hook
+           ** can see it (luv may have moved its arguments: then none, as
+           ** for a record) */
     lua_settop(L, n); /* luv's function sees exactly the caller's arguments */
     qp = lua_topointer(L, pos);
     nres = sp->orig(L);
     if (LUV_FAILED(L, nres)) return nres;
-    if (lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
+    if (res && lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
     push_type(L, handle_idx);
     ah_emit_init_v(L, st, id, -1, trigger, -2);
     lua_pop(L, 2);
