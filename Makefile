@@ -72,6 +72,8 @@ faults: asanbuild
 	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
 	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=1 ASAN_OPTIONS=detect_leaks=0 \
 	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
+	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=1 AH_FAULTS_SEEING=1 ASAN_OPTIONS=detect_leaks=0 \
+	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
 
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua

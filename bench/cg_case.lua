@@ -2,8 +2,9 @@
 --   lua5.4 bench/cg_case.lua <case>[@inc] <variant> <n>
 -- runs <case> n times under <variant>: "raw" (library loaded, not installed,
 -- raw coroutines and luv), "installed" (installed, nothing set), "value"
--- (installed, an AsyncLocal set around the case) or "hooks" (installed, four
--- empty hooks enabled, nothing set).  Only the public API is used.  Prints
+-- (installed, an AsyncLocal set around the case), "hooks" (installed, four
+-- empty hooks enabled, nothing set) or "hooks_res" (the same, with an init
+-- that takes its 4th parameter: resources are made for it).  Only the public API is used.  Prints
 -- "CASE-OK <detail>" at the end; a case that did not carry the context it
 -- should have fails instead, so a broken fast path cannot pass as a fast one.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path

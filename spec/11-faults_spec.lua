@@ -36,9 +36,9 @@ local function sh(cmd)
   return ok == true, out
 end
 
-local function run(exe, luv, leaks, script, extra)
-  return sh(("AH_FAULTS_LUV=%d AH_FAULTS_HOSTEXTRA=%d ASAN_OPTIONS=detect_leaks=%d %s %s 5000")
-    :format(luv, extra or 0, leaks, exe, script or "tests/faults.lua"))
+local function run(exe, luv, leaks, script, extra, seeing)
+  return sh(("AH_FAULTS_LUV=%d AH_FAULTS_HOSTEXTRA=%d AH_FAULTS_SEEING=%d ASAN_OPTIONS=detect_leaks=%d %s %s 5000")
+    :format(luv, extra or 0, seeing or 0, leaks, exe, script or "tests/faults.lua"))
 end
 
 describe("fault injection #slow", function()
@@ -50,9 +50,13 @@ describe("fault injection #slow", function()
     { "the core (leaks checked under ASan)", 0, 1 },
     { "the core with luv", 1, 0 },
     { "the core in a host that owns LUA_EXTRASPACE", 0, 1, 1 },
+    -- the init hook takes its resource: resources made for init (the
+    -- cases above make none until asked for)
+    { "the core, an init hook that sees its resource (leaks checked)", 0, 1, 0, 1 },
+    { "the core with luv, an init hook that sees its resource", 1, 0, 0, 1 },
   } do
     it("failing allocations in " .. case[1] .. ": an error and intact state, never a crash", function()
-      local ok, out = run(exe, case[2], case[3], nil, case[4])
+      local ok, out = run(exe, case[2], case[3], nil, case[4], case[5])
       print("\n  " .. (out:match("fault injection: [^\n]+") or out))
       assert.is_true(ok, out)
       local points, failed = out:match("fault injection: (%d+) allocation points, .-(%d+) failed")

@@ -161,6 +161,25 @@ describe("luv resource fields", function()
     assert.equal("uv_timer", closes[1].type) -- a close has the handle's type
   end)
 
+  it("a timer re-armed twice inside its callback: the callback keeps its own resource", function()
+    local t = uv.new_timer()
+    local n, same = 0, {}
+    local function cb()
+      n = n + 1
+      if n > 1 then t:close() return end
+      local mine = ah.executionAsyncResource()
+      t:start(0, 0, cb)
+      same[1] = ah.executionAsyncResource() == mine
+      t:start(0, 0, cb)
+      same[2] = ah.executionAsyncResource() == mine
+      same[3] = by_id[ah.executionAsyncId()].res == mine
+    end
+    t:start(0, 0, cb)
+    uv.run()
+    assert.same({ true, true, true }, same)
+    assert.equal(2, n)
+  end)
+
   it("tcp: listen, tcp_connect (host, port), read_start, write, shutdown, close", function()
     local seen = {}
     local server = uv.new_tcp()
@@ -471,46 +490,55 @@ describe("init hooks that cannot see the resource", function()
 
   it("made when asked for, the same in before, the callback and after: records, requests, coroutines",
     function()
-      local types, seen = {}, {} -- seen[id]: every resource seen in its context
-      local function note()
-        local id = ah.executionAsyncId()
-        if types[id] then
-          seen[id] = seen[id] or {}
-          table.insert(seen[id], ah.executionAsyncResource())
+      -- in a fresh process: executionAsyncResource() never called before
+      -- the registrations (it turns every later resource eager)
+      local code, out, err = H.run_lua([[
+        local uv = require("luv")
+        local ah = require("async_hooks").install()
+        local core = require("async_hooks.core")
+        local types, seen, order = {}, {}, {} -- seen[id]: every resource seen in its context
+        local function note()
+          local id = ah.executionAsyncId()
+          if types[id] then
+            if not seen[id] then seen[id] = {}; order[#order + 1] = id end
+            table.insert(seen[id], ah.executionAsyncResource())
+          end
         end
-      end
-      track(ah.createHook {
-        init = function(id, type) types[id] = type end,
-        before = note,
-        after = note,
-      }):enable()
-      assert.equal(0, core.stats().init_resources)
-      local t = uv.new_timer()
-      local path = tmpfile("x")
-      t:start(1, 0, function()
-        note()
-        t:close()
-      end)
-      uv.fs_stat(path, function() note() end)
-      local co = coroutine.create(function()
-        note()
-        coroutine.yield()
-        note()
-      end)
-      coroutine.resume(co)
-      uv.run()
-      coroutine.resume(co)
-      local by_type = {}
-      for id, list in pairs(seen) do
-        local n = types[id] == "coroutine" and 6 or 3 -- before, inside, after (per slice)
-        assert.equal(n, #list, types[id])
-        for i = 2, #list do assert.equal(list[1], list[i], types[id]) end
-        by_type[types[id]] = list[1]
-      end
-      assert.equal("timer_start", by_type.uv_timer.op)
-      assert.equal(t, by_type.uv_timer.handle)
-      assert.equal("fs_stat", by_type.uv_fs.op)
-      assert.equal(path, by_type.uv_fs.path)
-      assert.equal(co, by_type.coroutine.thread)
+        ah.createHook {
+          init = function(id, type) types[id] = type end,
+          before = note,
+          after = note,
+        }:enable()
+        assert(core.stats().init_resources == 0)
+        local t = uv.new_timer()
+        local path = os.tmpname()
+        local co
+        t:start(1, 0, function() note(); t:close() end)
+        uv.fs_stat(path, function() note() end)
+        co = coroutine.create(function() note(); coroutine.yield(); note() end)
+        uv.run() -- the first executionAsyncResource() call: in a callback's before hook
+        coroutine.resume(co)
+        coroutine.resume(co)
+        os.remove(path)
+        for _, id in ipairs(order) do
+          local list, same = seen[id], true
+          for i = 2, #list do same = same and list[i] == list[1] end
+          local r = list[1]
+          print(types[id], #list, same, r.op or "-", r.handle == t, r.path == path, r.thread == co)
+        end
+      ]])
+      assert.equal("", err)
+      assert.equal(0, code)
+      -- before, inside, after (per slice: the coroutine has two)
+      assert.equal(table.concat({
+        "coroutine\t6\ttrue\t-\tfalse\tfalse\ttrue",
+        "uv_fs\t3\ttrue\tfs_stat\tfalse\ttrue\tfalse",
+        "uv_timer\t3\ttrue\ttimer_start\ttrue\tfalse\tfalse",
+      }, "\n") .. "\n", (function()
+        local lines = {}
+        for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+        table.sort(lines)
+        return table.concat(lines, "\n") .. "\n"
+      end)())
     end)
 end)

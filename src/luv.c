@@ -332,8 +332,9 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
     r->fgen = st->fgen;
   }
-  if ((r->flags & REC_RES) && r == sp->lv->cur.rec) {
-    /* its callback runs: its resource stays the running one's */
+  if ((r->flags & REC_RES) && r == sp->lv->cur.rec && old == sp->lv->cur.id) {
+    /* its callback runs: its resource stays the running one's (pinned at
+    ** the first re-arm inside it: a second one finds the first one's) */
     lua_getiuservalue(L, rec, RV_RES);
     lua_rawseti(L, AH_UV_R, sp->lv->cur.slot);
     sp->lv->cur.wrote = 1;

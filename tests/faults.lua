@@ -4,6 +4,9 @@
 -- the loop that uv.run later reads: reproduced without async_hooks), so the
 -- luv part makes its handles in setup and leak checking runs without it.
 local with_luv = os.getenv("AH_FAULTS_LUV") ~= "0"
+-- AH_FAULTS_SEEING=1: the init hook takes its resource (`...`), so
+-- resources are made for init (else none is made until asked for)
+local seeing = os.getenv("AH_FAULTS_SEEING") == "1"
 local uv, ah, core, v, hook, timer, timer2
 local T = {}
 
@@ -19,7 +22,7 @@ function T.setup()
     timer, timer2 = uv.new_timer(), uv.new_timer()
   end
   v = ah.AsyncLocal.new { default = "d" }
-  hook = ah.createHook { init = function() end, before = function() end,
+  hook = ah.createHook { init = seeing and function(...) return ... end or function() end, before = function() end,
     after = function() end, destroy = function() end }
 end
 
