@@ -180,6 +180,43 @@ describe("luv resource fields", function()
     assert.equal(2, n)
   end)
 
+  it("a timer re-armed inside a scope its callback opened: the scope's resource, then the callback's", function()
+    local t = uv.new_timer()
+    local n, got = 0, {}
+    local function cb()
+      n = n + 1
+      if n > 1 then t:close() return end
+      local ar = ah.AsyncResource.new("AR")
+      ar:runInAsyncScope(function()
+        got[1] = ah.executionAsyncResource() == ar
+        t:start(0, 0, cb) -- the running callback's own handle
+        got[2] = ah.executionAsyncResource() == ar
+      end)
+      got[3] = ah.executionAsyncResource() == by_id[ah.executionAsyncId()].res
+    end
+    t:start(0, 0, cb)
+    uv.run()
+    assert.same({ true, true, true }, got)
+  end)
+
+  it("a nested uv.run (in a coroutine) whose callback re-arms the outer callback's handle", function()
+    local t, i = uv.new_timer(), uv.new_idle()
+    local got = {}
+    t:start(0, 0, function()
+      i:start(function()
+        local mine = ah.executionAsyncResource()
+        i:stop(); i:close()
+        t:start(0, 0, function() t:close() end) -- the outer callback's handle
+        got[1] = ah.executionAsyncResource() == mine
+        got[2] = mine == by_id[ah.executionAsyncId()].res
+      end)
+      coroutine.wrap(function() uv.run("nowait") end)() -- luv runs it on the main thread
+      got[3] = ah.executionAsyncResource() == by_id[ah.executionAsyncId()].res
+    end)
+    uv.run()
+    assert.same({ true, true, true }, got)
+  end)
+
   it("tcp: listen, tcp_connect (host, port), read_start, write, shutdown, close", function()
     local seen = {}
     local server = uv.new_tcp()

@@ -88,6 +88,9 @@ typedef struct ah_rec {
   unsigned fgen;
 } ah_rec;
 #define AH_FSLOT_MAX 0xFFFFFF /* fslot of a slot this large: unknown */
+/* where an inline dispatch keeps the running record's resource (if it had
+** one at its entry): lv->cur.base + AH_D_RES (luv_dispatch.c's D_RES) */
+#define AH_D_RES 3
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
   REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */

@@ -145,6 +145,7 @@ int ah_luv_rec_call(lua_State *L) {
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
+typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
 /* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua

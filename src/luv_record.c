@@ -225,11 +225,11 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   lua_settop(L, top);
 }
 
-/* push the record or quick record whose callback runs inline
-** (lv->cur.base): it sits at that index of the innermost frame of the
+/* push the value at lv->cur.base + off of the innermost frame of the
 ** library's uv.run (dispatch_run ran there), below the running function's
-** frames; 0 if not found */
-static int push_cur_base(lua_State *L, ah_luv *lv) {
+** frames: at off 0 the record or quick record whose callback runs inline,
+** at AH_D_RES its resource when it had one at its entry; 0 if not found */
+static int push_cur_local(lua_State *L, ah_luv *lv, int off) {
   lua_Debug ar;
   int level;
   for (level = 1; lua_getstack(L, level, &ar); level++) {
@@ -243,7 +243,7 @@ static int push_cur_base(lua_State *L, ah_luv *lv) {
     }
     lua_pop(L, 1);
     if (!run) continue;
-    return lua_getlocal(L, &ar, lv->cur.base) != NULL;
+    return lua_getlocal(L, &ar, lv->cur.base + off) != NULL;
   }
   return 0;
 }
@@ -267,7 +267,7 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   }
   lua_settop(L, top);
   if (!r && lv && lv->cur.base && lv->cur.id == st->slots[s].id && lv->cur.slot == s &&
-      push_cur_base(L, lv)) { /* the (quick) record that runs inline */
+      push_cur_local(L, lv, 0)) { /* the (quick) record that runs inline */
     lua_Integer trigger;
     if (lua_tocfunction(L, top + 1) == ah_luv_q_fn) {
       if (ah_luv_q_ids(L, top + 1, &trigger) == st->slots[s].id) {
@@ -290,7 +290,17 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   if (r->id != st->slots[s].id) {
     /* re-armed while its callback runs: the record is the new
     ** registration's (and its resource, if it has one now); the running
-    ** one gets a table of its own */
+    ** one's is the one its dispatch holds (it had one at its entry), else
+    ** it gets a table of its own */
+    if (lv && r == lv->cur.rec && lv->cur.base && lv->cur.slot == s &&
+        lv->cur.id == st->slots[s].id && push_cur_local(L, lv, AH_D_RES)) {
+      if (lua_type(L, -1) == LUA_TTABLE) {
+        lua_replace(L, top);
+        lua_settop(L, top);
+        return 1;
+      }
+      lua_settop(L, top);
+    }
     push_spec(L, r->spec);
     lua_getiuservalue(L, top, RV_RES);
     if (r->flags & REC_RES) { /* the new resource: take its handle */
