@@ -509,6 +509,56 @@ describe("init hooks that cannot see the resource", function()
     assert.equal(0, count())
   end)
 
+  it("an init hook that sees it, enabled by a finalizer during a registration, gets it", function()
+    -- a __gc that enables the hook runs inside the allocations of one
+    -- registration in many (generational collector, small steps); the
+    -- resource it gets must be the one the callback finds later
+    local body = [[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local nilseen, total, mism = 0, 0, 0
+      local initres = {}
+      local S = ah.createHook { init = function(id, _, _, res)
+        total = total + 1
+        if res == nil then nilseen = nilseen + 1 end
+        initres[id] = res or false
+      end }
+      if KIND ~= "first" then ah.createHook { init = function(_, _) end }:enable() end
+      local armed = false
+      local mt = { __gc = function() if armed then S:enable() end end }
+      collectgarbage("generational", 1, 100)
+      local left, pad = 3000, 0
+      local function tick()
+        local r = initres[ah.executionAsyncId()]
+        if r ~= nil and r ~= ah.executionAsyncResource() then mism = mism + 1 end
+        S:disable()
+        setmetatable({}, mt)
+        left = left - 1
+        pad = (pad + 7) % 200
+        if left > 0 then
+          local p = {}
+          for i = 1, pad do p[i] = i end
+          if KIND == "fs" then
+            armed = true; uv.fs_stat("/", tick); armed = false
+          else
+            local h = uv.new_idle()
+            armed = true; h:start(function() h:stop(); h:close(); tick() end); armed = false
+          end
+        end
+      end
+      tick()
+      uv.run()
+      print(total > 100, nilseen, mism)
+    ]]
+    -- idle: a record; fs: a quick record; first: no init hook before
+    for _, kind in ipairs { "idle", "fs", "first" } do
+      local code, out, err = H.run_lua(("local KIND = %q\n"):format(kind) .. body)
+      assert.equal("", err)
+      assert.equal(0, code)
+      assert.equal("true\t0\t0\n", out, kind)
+    end
+  end)
+
   it("hooks that can see it get the table; the others the same call (4 arguments)", function()
     local got, nargs = {}, {}
     track(ah.createHook { init = function(id, type, trigger) got[id] = { type, trigger } end }):enable()

@@ -26,13 +26,16 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   lua_pop(L, 1);
   if (ah_hooks_on(st, AH_INIT)) {
     /* its resource ({thread = co}) only for hooks that can see it; else
-    ** made when executionAsyncResource() asks (ah_push_resource_of) */
+    ** made when executionAsyncResource() asks (ah_push_resource_of).  The
+    ** stack is reserved first: nothing allocates between the decision and
+    ** the dispatch (a finalizer cannot enable such a hook in between) */
+    luaL_checkstack(L, 16, "async_hooks");
+    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
     if (st->init_res)
       ah_push_resource_of(L, st, ns, thread_idx);
     else
       lua_pushnil(L);
-    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
-    ah_emit_init_v(L, st, st->slots[ns].base_id, -1, trigger, -2);
+    ah_emit_init_v(L, st, st->slots[ns].base_id, -2, trigger, -1);
     lua_pop(L, 2);
   }
 }

@@ -216,14 +216,53 @@ static void push_type(lua_State *L, int handle_idx) {
   lua_pushliteral(L, "uv_handle");
 }
 
+/* the resource of the record or quick record at 1, made now if need be
+** (run protected: a registration luv accepted cannot fail afterwards) */
+static int make_resource(lua_State *L) {
+  ah_rec *r;
+  if (lua_tocfunction(L, 1) == ah_luv_q_fn) {
+    const ah_spec *sp;
+    lua_getupvalue(L, 1, Q_SPEC);
+    sp = (const ah_spec *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    r = ah_luv_q_record(L, sp->lv, 1); /* kept in its Q_RES from now on */
+  } else {
+    r = (ah_rec *)lua_touserdata(L, 1);
+  }
+  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, 1);
+  lua_getiuservalue(L, 1, RV_RES);
+  return 1;
+}
+
+/* push the resource for the init of the registration at rec (a record r,
+** or a quick record when r is NULL) when an init hook can see it, else
+** nil.  The type is pushed and the stack reserved first: nothing
+** allocates between this decision and the dispatch, so a finalizer cannot
+** enable a hook that sees the resource in between */
+static void push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec) {
+  if (!rec || !st->init_res) {
+    lua_pushnil(L);
+  } else if (r && (r->flags & REC_RES)) {
+    lua_getiuservalue(L, rec, RV_RES);
+  } else {
+    lua_pushcfunction(L, make_resource);
+    lua_pushvalue(L, rec);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) { /* out of memory: none */
+      lua_pop(L, 1);
+      lua_pushnil(L);
+    }
+  }
+}
+
 /* luv accepted the registration of r (at rec, 0: lost): its init (with
 ** its resource when an init hook can see it) */
 static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
                        int handle_idx) {
   if (st->nhooks[AH_INIT]) {
-    if (rec && st->init_res) ah_luv_push_resource(L, r, rec); else lua_pushnil(L);
+    luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
     push_type(L, handle_idx);
-    ah_emit_init_v(L, st, r->id, -1, r->trigger, -2);
+    push_init_resource(L, st, r, rec);
+    ah_emit_init_v(L, st, r->id, -2, r->trigger, -1);
     lua_pop(L, 2);
   }
 }
@@ -410,9 +449,15 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     qp = lua_topointer(L, pos);
     nres = sp->orig(L);
     if (LUV_FAILED(L, nres)) return nres;
-    if (res && lua_topointer(L, pos) == qp) lua_getupvalue(L, pos, Q_RES); else lua_pushnil(L);
+    luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
     push_type(L, handle_idx);
-    ah_emit_init_v(L, st, id, -1, trigger, -2);
+    if (lua_topointer(L, pos) != qp) /* moved: as for a lost record */
+      lua_pushnil(L);
+    else if (res) /* made above */
+      lua_getupvalue(L, pos, Q_RES);
+    else /* an init hook that sees it was enabled meanwhile, or none */
+      push_init_resource(L, st, NULL, pos);
+    ah_emit_init_v(L, st, id, -2, trigger, -1);
     lua_pop(L, 2);
   }
   if (sp->kind == W_HANDLE && !LUV_FAILED(L, nres)) { /* accepted; no allocation */
