@@ -371,16 +371,18 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
     r->fgen = st->fgen;
   }
-  if ((r->flags & REC_RES) && r == sp->lv->cur.rec && old == sp->lv->cur.id &&
-      st->slots[sp->lv->cur.slot].id == old) {
+  if ((r->flags & REC_RES) && r == sp->lv->cur.rec && old == sp->lv->cur.id) {
     /* its callback runs: its resource stays the running one's (pinned at
-    ** the first re-arm inside it: a second one finds the first one's).
-    ** Not while a scope or a nested callback holds the slot's resource
-    ** (another id runs there): ah_luv_resource finds the running one's
-    ** on the dispatch's stack afterwards */
+    ** the first re-arm inside it: a second one finds the first one's) */
     lua_getiuservalue(L, rec, RV_RES);
-    lua_rawseti(L, AH_UV_R, sp->lv->cur.slot);
-    sp->lv->cur.wrote = 1;
+    if (st->slots[sp->lv->cur.slot].id == old) {
+      lua_rawseti(L, AH_UV_R, sp->lv->cur.slot);
+      sp->lv->cur.wrote = 1;
+    } else { /* a scope or a nested callback holds the slot's resource
+             ** (another id runs there): kept on the dispatch's stack, where
+             ** ah_luv_resource finds it once they are gone */
+      ah_luv_set_cur_local(L, sp->lv, AH_D_RES);
+    }
   }
   if (res || (r->flags & REC_RES)) {
     lua_pushvalue(L, res ? cb + 1 : 1);

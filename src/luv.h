@@ -145,6 +145,7 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx);
 ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx);
 void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
+int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off);
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
 
 #endif

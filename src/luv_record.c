@@ -248,6 +248,26 @@ static int push_cur_local(lua_State *L, ah_luv *lv, int off) {
   return 0;
 }
 
+/* the value at the top (popped) becomes the one at lv->cur.base + off of
+** that frame (see push_cur_local); 0 (popped all the same) if not found */
+int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
+  lua_Debug ar;
+  int level;
+  for (level = 1; lua_getstack(L, level, &ar); level++) {
+    int run = 0;
+    lua_getinfo(L, "f", &ar);
+    if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, AH_NUP + 2)) {
+      run = lua_touserdata(L, -1) == (void *)&ah_luv_key;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    if (run) return lua_setlocal(L, &ar, lv->cur.base + off) != NULL ||
+                    (lua_pop(L, 1), 0);
+  }
+  lua_pop(L, 1);
+  return 0;
+}
+
 /* For stack.c (executionAsyncResource): while a record's callback runs on
 ** the slow path, R[s] holds the record itself (not anchored: it is on the
 ** stack meanwhile); inline, the dispatch keeps where the record or quick
