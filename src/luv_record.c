@@ -225,45 +225,38 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   lua_settop(L, top);
 }
 
-/* push the value at lv->cur.base + off of the innermost frame of the
-** library's uv.run (dispatch_run ran there), below the running function's
-** frames: at off 0 the record or quick record whose callback runs inline,
-** at AH_D_RES its resource when it had one at its entry; 0 if not found */
-static int push_cur_local(lua_State *L, ah_luv *lv, int off) {
-  lua_Debug ar;
+/* find the innermost frame of the library's uv.run (dispatch_run ran
+** there), below the running function's frames: a C closure whose upvalue
+** after the shared ones and its ah_luv is the mark (luv_dispatch.c's
+** RUN_MARK); 0 if there is none */
+static int run_frame(lua_State *L, lua_Debug *ar) {
   int level;
-  for (level = 1; lua_getstack(L, level, &ar); level++) {
+  for (level = 1; lua_getstack(L, level, ar); level++) {
     int run = 0;
-    lua_getinfo(L, "f", &ar); /* the function of that level */
-    /* the library's uv.run: a C closure whose upvalue after the shared
-    ** ones and its ah_luv is the mark (luv_dispatch.c's RUN_MARK) */
+    lua_getinfo(L, "f", ar); /* the function of that level */
     if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, AH_NUP + 2)) {
       run = lua_touserdata(L, -1) == (void *)&ah_luv_key;
       lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    if (!run) continue;
-    return lua_getlocal(L, &ar, lv->cur.base + off) != NULL;
+    if (run) return 1;
   }
   return 0;
 }
 
+/* push the value at lv->cur.base + off of that frame: at off 0 the record
+** or quick record whose callback runs inline, at AH_D_RES its resource
+** when it had one at its entry; 0 (nothing pushed) if not found */
+static int push_cur_local(lua_State *L, ah_luv *lv, int off) {
+  lua_Debug ar;
+  return run_frame(L, &ar) && lua_getlocal(L, &ar, lv->cur.base + off) != NULL;
+}
+
 /* the value at the top (popped) becomes the one at lv->cur.base + off of
-** that frame (see push_cur_local); 0 (popped all the same) if not found */
+** that frame; 0 (popped all the same) if not found */
 int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
   lua_Debug ar;
-  int level;
-  for (level = 1; lua_getstack(L, level, &ar); level++) {
-    int run = 0;
-    lua_getinfo(L, "f", &ar);
-    if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, AH_NUP + 2)) {
-      run = lua_touserdata(L, -1) == (void *)&ah_luv_key;
-      lua_pop(L, 1);
-    }
-    lua_pop(L, 1);
-    if (run) return lua_setlocal(L, &ar, lv->cur.base + off) != NULL ||
-                    (lua_pop(L, 1), 0);
-  }
+  if (run_frame(L, &ar) && lua_setlocal(L, &ar, lv->cur.base + off) != NULL) return 1;
   lua_pop(L, 1);
   return 0;
 }
