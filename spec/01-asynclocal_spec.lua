@@ -374,3 +374,26 @@ describe("AsyncLocal", function()
     end)
   end)
 end)
+
+-- review finding (helper-26, this session): run's own frame stays on a
+-- suspended coroutine's stack
+describe("disable() with a coroutine suspended inside run", function()
+  it("leaves the run's value collectable (AsyncLocal and AsyncLocalStorage)", function()
+    local v = ah.AsyncLocal.new()
+    local als = ah.AsyncLocalStorage.new()
+    local weak = setmetatable({}, { __mode = "v" })
+    local function mk(i) local t = {}; weak[i] = t; return t end -- no local keeps it
+    local c1 = ah.coroutine.create(function() v:run(mk(1), function() ah.coroutine.yield() end) end)
+    local c2 = ah.coroutine.create(function() als:run(mk(2), function() ah.coroutine.yield() end) end)
+    assert.is_true(ah.coroutine.resume(c1))
+    assert.is_true(ah.coroutine.resume(c2))
+    v:disable()
+    als:disable()
+    H.gc_anchors()
+    assert.is_nil(weak[1])
+    assert.is_nil(weak[2])
+    assert.is_true(ah.coroutine.resume(c1)) -- the scopes still close cleanly
+    assert.is_true(ah.coroutine.resume(c2))
+    assert.is_nil(v:get())
+  end)
+end)

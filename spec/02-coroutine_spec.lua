@@ -633,3 +633,122 @@ describe("a before hook that closes the coroutine being resumed", function()
     assert.equal(0, core.stats().active)
   end)
 end)
+
+-- review findings (helper-26, this session)
+describe("coroutine review findings", function()
+  it("wrap ignores arguments after the function, as Lua's own wrap does", function()
+    -- it crashed the process: the closure took the extra argument for the thread
+    for _, extra in ipairs { { "extra" }, { {} }, { nil, 1 }, { 1, 2, 3 } } do
+      local f = co.wrap(function(a) return "ran", a end, table.unpack(extra, 1, 3))
+      assert.same({ "ran", 7 }, { f(7) })
+      assert.has_error(function() f() end, "cannot resume dead coroutine")
+    end
+  end)
+
+  it("a scope's after hook that closes the coroutine (its slot retaken) keeps the coroutine's after id", function()
+    local r = ah.AsyncResource.new("R")
+    local c, c2
+    local ev, ids = {}, {}
+    local h = ah.createHook {
+      init = function(id, t, _, res) if t == "coroutine" then ids[res.thread] = id end end,
+      before = function(id) ev[#ev + 1] = "before " .. id end,
+      after = function(id)
+        ev[#ev + 1] = "after " .. id
+        if id == r:asyncId() and c and co.status(c) == "suspended" then
+          co.close(c)
+          c2 = co.create(function() end) -- takes c's slot
+        end
+      end,
+    }
+    h:enable()
+    c = co.create(function() r:runInAsyncScope(function() co.yield() end) end)
+    assert.is_true(co.resume(c))
+    h:disable()
+    local cid, rid = ids[c], r:asyncId()
+    assert.truthy(c2)
+    assert.are_not.equal(cid, ids[c2])
+    assert.same({ "before " .. cid, "before " .. rid, "after " .. rid, "after " .. cid }, ev)
+    assert.equal(0, core.stats().active)
+  end)
+
+  describe("a hook enabled while a coroutine is suspended inside a scope", function()
+    local function suspended_in_scope()
+      local r = ah.AsyncResource.new("R")
+      local c = co.create(function()
+        r:runInAsyncScope(function() co.yield() end)
+        co.yield()
+        error("boom")
+      end)
+      assert.is_true(co.resume(c)) -- no hooks: suspended inside the scope
+      return r, c
+    end
+
+    it("gets before and after of the scope in the next slice, nested in the coroutine's", function()
+      local r, c = suspended_in_scope()
+      local ev = {}
+      local h = ah.createHook {
+        before = function(id) ev[#ev + 1] = "before " .. id end,
+        after = function(id) ev[#ev + 1] = "after " .. id end,
+      }
+      h:enable()
+      assert.is_true(co.resume(c)) -- the scope ends in this slice
+      h:disable()
+      local rid = r:asyncId()
+      local cid = rid + 1
+      assert.same({ "before " .. cid, "before " .. rid, "after " .. rid, "after " .. cid }, ev)
+    end)
+
+    it("gets no after of the scope when the coroutine is closed, or fails, unresumed", function()
+      for _, how in ipairs { "close", "fail" } do
+        local r, c
+        if how == "close" then
+          r, c = suspended_in_scope()
+        else -- it fails inside the scope with no hooks enabled
+          r = ah.AsyncResource.new("R")
+          c = co.create(function() r:runInAsyncScope(function() co.yield(); error("boom") end) end)
+          assert.is_true(co.resume(c))
+          assert.is_false(co.resume(c))
+        end
+        local ev = {}
+        local h = ah.createHook { after = function(id) ev[#ev + 1] = id end }
+        h:enable()
+        co.close(c)
+        h:disable()
+        assert.is_nil(next(ev), how .. ": " .. table.concat(ev, ","))
+        assert.equal(1, ah.executionAsyncId())
+        assert.truthy(r:asyncId())
+      end
+    end)
+  end)
+
+  it("a finished coroutine that is still referenced keeps no value and no resource alive", function()
+    local v = AsyncLocal.new()
+    local weak = setmetatable({}, { __mode = "v" })
+    local function mk(i) local t = {}; weak[i] = t; return t end
+    local cos = {}
+    -- a value set in it, its anchor old enough to have moved to the thread
+    cos[1] = co.create(function() v:set(mk(1)); co.yield() end)
+    co.resume(cos[1])
+    H.gc_anchors()
+    co.resume(cos[1])
+    -- a frame it was created in, the same
+    v:run(mk(2), function() cos[2] = co.create(function() co.yield() end) end)
+    co.resume(cos[2])
+    H.gc_anchors()
+    co.resume(cos[2])
+    -- its resource, asked for
+    cos[3] = co.create(function() weak[3] = ah.executionAsyncResource(); co.yield() end)
+    co.resume(cos[3])
+    H.gc_anchors()
+    co.resume(cos[3])
+    -- a scope entered in it (its anchor keys made at once), then closed
+    cos[4] = co.create(function() v:run(mk(4), function() co.yield() end) end)
+    co.resume(cos[4])
+    co.close(cos[4])
+    H.gc_anchors()
+    for i = 1, 4 do
+      assert.equal("dead", co.status(cos[i]))
+      assert.is_nil(weak[i], "value " .. i .. " alive")
+    end
+  end)
+end)

@@ -133,11 +133,15 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
 ** the scopes open inside it */
 static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
                        lua_State *co, int co_idx) {
-  int scopes = (st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]) &&
-               st->slots[cs].scopes;
+  /* its ids first: a scope's after hook can close co, and a coroutine
+  ** created then can take its slot */
+  lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
+  /* open scopes are marked out at every end of a slice, with hooks or
+  ** without (see ah_scopes_slice) */
+  int scopes = st->slots[cs].scopes &&
+               (kind == AH_AFTER || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]);
   if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
-  if (st->nhooks[kind])
-    emit_own(L, st, kind, cs, co, st->slots[cs].base_id, st->slots[cs].base_trigger);
+  if (st->nhooks[kind]) emit_own(L, st, kind, cs, co, id, trigger);
   if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
 }
 
@@ -175,8 +179,10 @@ static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
   nres = take_results(L, co, status, nres);
   if (cs < 0) goto done;
   id = st->slots[cs].base_id;
-  /* a hook enabled inside the slice gets its after (without a before) */
-  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE]))) {
+  /* a hook enabled inside the slice gets its after (without a before);
+  ** open scopes are marked out even without hooks (see emit_slice) */
+  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE] ||
+                         st->slots[cs].scopes))) {
     emit_slice(L, st, AH_AFTER, cs, co, co_idx);
     /* the after hook closed co (ended and released: the slot may be
     ** another thread's now) */
@@ -248,7 +254,7 @@ static AH_ALWAYS_INLINE int auxresume(lua_State *L, ah_state *st, lua_State *co,
       st->active--;
       if (ah_likely(!SLICE_HOOKS(st) && !st->dq_n &&
                     lua_checkstack(L, nres + 1))) {
-        if (status == LUA_YIELD) {
+        if (status == LUA_YIELD && ah_likely(!st->slots[cs].scopes)) {
           lua_xmove(co, L, nres);
           return nres;
         }
@@ -302,6 +308,7 @@ static int co_auxwrap(lua_State *L) {
 }
 
 static int co_wrap(lua_State *L) {
+  lua_settop(L, 1); /* as lcorolib's wrap: arguments after f are ignored */
   co_create(L);
   ah_push_shared(L);
   lua_pushvalue(L, 2);

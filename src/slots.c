@@ -128,6 +128,32 @@ static void tok_settled(ah_state *st, int s) {
   st->ntokpend--;
 }
 
+/* A finished thread keeps nothing of its context, as a dead coroutine
+** keeps nothing of its stack: its keys in T and AUX_TR (which exist: nil
+** allocates nothing) are dropped.  Inside a hook its resource stays, where
+** executionAsyncResource() in that hook finds it (see ah_ov). */
+static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
+  unsigned char a = st->slots[s].anchored;
+  int res = (a & AKEY_RES) && !(a & A_PENDR) && !st->dispatching;
+  if (!(a & AKEY_FRAME) && !res) return;
+  if (!lua_checkstack(L, 4)) return; /* (no memory: they go with the thread) */
+  if (lua_rawgeti(L, AH_UV_TH, s) == LUA_TTHREAD) {
+    if (a & AKEY_FRAME) {
+      lua_pushvalue(L, -1);
+      lua_pushnil(L);
+      lua_rawset(L, AH_UV_T);
+    }
+    if (res) {
+      lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+      lua_pushvalue(L, -2);
+      lua_pushnil(L);
+      lua_rawset(L, -3);
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+}
+
 /* The thread of slot s finished for good (returned, or was closed): its
 ** slot is free for reuse at once, and the thread is marked released. */
 /* F[s] and TH[s] of a free slot are stale (weak values, overwritten by the
@@ -170,6 +196,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     }
     lua_pop(L, 1);
   }
+  if (ah_unlikely(sl->anchored & (AKEY_FRAME | AKEY_RES))) drop_thread_anchors(L, st, s);
   if (sl->anchored & A_PENDR) ah_unpendr(L, st, s);
   if (sl->anchored & (A_RES | A_PEND)) {
     if (sl->anchored & A_RES) {

@@ -105,11 +105,12 @@ function M.new(nlocals)
     end
     local ok = raw.resume(co)
     local dead = raw.status(co) == "dead"
-    if m.hooks_on then
-      for k = #th.scopes, 1, -1 do
-        local s = th.scopes[k]
-        if not s.out then emit("after", s.id); s.out = true end
-      end
+    -- every slice's end marks the open scopes out, with hooks or without
+    -- (emit records only while the hook is on): a hook enabled before the
+    -- next resume gets their before there, and no after without a before
+    for k = #th.scopes, 1, -1 do
+      local s = th.scopes[k]
+      if not s.out then emit("after", s.id); s.out = true end
     end
     emit("after", th.base)
     if dead then m.destroyed[th.base] = true end

@@ -36,8 +36,11 @@ B.emit_destroy = core.emit_destroy
 B.gc_token = core.gc_token
 B.gc_token_cancel = core.gc_token_cancel
 
+-- (value = nil: the frame holds it; this frame stays on a coroutine's stack
+-- while fn is suspended, and must not keep it alive after v:disable())
 function B.run_with(obj, value, fn, ...)
   local _scope <close> = enter(obj, value, fn)
+  value = nil
   return fn(...)
 end
 
@@ -47,6 +50,7 @@ function B.runner(message)
   local enter_checked = core.enterer(message)
   return function(self, value, fn, ...)
     local _scope <close> = enter_checked(self, value, fn)
+    value = nil
     return fn(...)
   end
 end
