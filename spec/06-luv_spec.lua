@@ -905,6 +905,74 @@ describe("luv integration", function()
       end
     end)
 
+    -- review finding (helper-27, this session): luv stores a handle
+    -- start's callback before libuv's call; when libuv then refuses a
+    -- handle that is not closing (read_start on a reading stream:
+    -- EALREADY), the new callback runs, and ran with before/after but no
+    -- init and no destroy
+    it("a handle start luv refuses after taking the callback (EALREADY) gets init, before/after and destroy", function()
+      for _, tracked_first in ipairs { false, true } do
+        fresh(([[
+          local ev, types = {}, {}
+          local hook = { init = function(id, ty) types[id] = ty; ev[#ev + 1] = { "init", id } end,
+            before = function(id) ev[#ev + 1] = { "before", id } end,
+            after = function(id) ev[#ev + 1] = { "after", id } end,
+            destroy = function(id) ev[#ev + 1] = { "destroy", id } end }
+          local server, client = uv.new_tcp(), uv.new_tcp()
+          server:bind("127.0.0.1", 0)
+          local port = server:getsockname().port
+          local got
+          v:run("req", function() server:listen(8, function()
+            local conn = uv.new_tcp()
+            server:accept(conn)
+            if %s then ah.createHook(hook):enable() end
+            conn:read_start(function() end)
+            if not %s then ah.createHook(hook):enable() end
+            ev = {}
+            local r, err = conn:read_start(function(_, data)
+              got = { id = ah.executionAsyncId(), data = data, value = v:get() }
+              conn:close(); server:close(); client:close()
+            end)
+            ev[#ev + 1] = { tostring(r) .. ":" .. tostring(err):match("^%%u+") }
+          end) end)
+          client:connect("127.0.0.1", port, function() client:write("hello") end)
+          uv.run()
+          uv.run("nowait")
+          -- the read registration's events (R), after the listen callback's
+          -- own after (the hook was enabled inside it)
+          local out = {}
+          for _, e in ipairs(ev) do
+            out[#out + 1] = e[1] .. (e[2] == got.id and " R" or e[2] and " other" or "")
+          end
+          print(table.concat(out, ", "), types[got.id], got.data, got.value)
+        ]]):format(tostring(tracked_first), tostring(tracked_first)),
+          -- (destroy other: the first read_start's registration, replaced,
+          -- when the hook saw it made)
+          ("init R, nil:EALREADY, after other, %sbefore R, after R, destroy R\tuv_tcp\thello\treq\n")
+            :format(tracked_first and "destroy other, " or ""))
+      end
+    end)
+
+    -- review finding (helper-27, this session): a re-arm kept the record's
+    -- first spec, so a resource made later named the first function
+    it("a resource made lazily after signal_start_oneshot re-armed a signal_start names signal_start_oneshot", function()
+      fresh([[
+        ah.createHook { init = function() end }:enable() -- cannot see resources
+        local sig = uv.new_signal()
+        sig:start("sigusr1", function() print("the replaced callback ran") end)
+        local op, same
+        uv.signal_start_oneshot(sig, "sigusr1", function()
+          local r = ah.executionAsyncResource()
+          op, same = r.op, r.handle == sig and r == ah.executionAsyncResource()
+          sig:close()
+        end)
+        uv.kill(uv.os_getpid(), "sigusr1")
+        uv.run()
+        uv.run("nowait")
+        print(op, same)
+      ]], "signal_start_oneshot\ttrue\n")
+    end)
+
     it("a handle luv refused keeps nothing", function()
       fresh([[
         local idle, t = uv.new_idle(), uv.new_timer()

@@ -356,6 +356,8 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   }
   old = r->id;
   r->id = id;
+  r->spec = sp; /* signal_start and signal_start_oneshot share a slot: the
+                ** resource made later names the function that took it */
   r->trigger = st->slots[s].id;
   lua_pushvalue(L, cb);
   lua_setiuservalue(L, rec, RV_CB);
@@ -396,8 +398,23 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
 }
 
 /* luv refused the call and returned nil, err, name (the callback will not
-** run): no init, nothing kept */
+** run, unless kept() below): no init, nothing kept */
 #define LUV_FAILED(L, nres) ((nres) > 0 && lua_type((L), -(nres)) == LUA_TNIL)
+
+/* luv refused a start of the handle at 1 with nil, err after it had taken
+** the callback (every handle start stores it first): unless the handle is
+** closing, the callback runs on the handle's events from now on (read_start
+** on a reading stream: EALREADY), so the registration counts as made (its
+** init now, its destroy when the handle closes or is re-armed).  luv's
+** is_closing reads the handle at 1 and pushes a boolean. */
+static int kept(lua_State *L, const ah_luv *lv, const ah_spec *sp, int handle_idx) {
+  int closing;
+  if (sp->kind != W_HANDLE || handle_idx != 1 || !lv->is_closing) return 0;
+  lv->is_closing(L);
+  closing = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return !closing;
+}
 
 /* a quick record (see luv.h) takes the callback's place: a request while
 ** executionAsyncResource() was never called (with hooks or without: a
@@ -462,7 +479,8 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     ah_emit_init_v(L, st, id, -2, trigger, -1);
     lua_pop(L, 2);
   }
-  if (sp->kind == W_HANDLE && !LUV_FAILED(L, nres)) { /* accepted; no allocation */
+  if (sp->kind == W_HANDLE && (!LUV_FAILED(L, nres) || kept(L, sp->lv, sp, 1))) {
+    /* accepted (or taken all the same); no allocation */
     lua_pushboolean(L, 1);
     lua_setiuservalue(L, 1, 1);
   }
@@ -500,7 +518,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
   r->id = st->next_id++;
   /* luv's function, in our frame, with exactly the caller's arguments */
   nres = sp->orig(L);
-  if (LUV_FAILED(L, nres)) return nres;
+  if (LUV_FAILED(L, nres) && !kept(L, lv, sp, handle_idx)) return nres;
   if (sp->fn) lua_getupvalue(L, pos, AH_NUP + 1); else lua_pushvalue(L, pos);
   rec = lua_gettop(L);
   if (lua_touserdata(L, rec) != (void *)r) { /* luv moved its arguments */
@@ -714,17 +732,19 @@ static void warm_registry(lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
 }
 
-/* luv_attach([walk]): take over luv's cb_pcall (idempotent); walk is
-** luv's uv.walk, whose callbacks are calls, not loop callbacks */
+/* luv_attach([walk, is_closing]): take over luv's cb_pcall (idempotent);
+** walk is luv's uv.walk, whose callbacks are calls, not loop callbacks;
+** is_closing is luv's uv.is_closing */
 static int l_luv_attach(lua_State *L) {
   ah_luv *lv;
   ah_luv_ctx *ctx;
-  lua_CFunction walk = lua_tocfunction(L, 1);
+  lua_CFunction walk = lua_tocfunction(L, 1), is_closing = lua_tocfunction(L, 2);
   if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
     return luaL_error(L, "luv is not loaded in this Lua state");
   ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lv = luv_state(L);
   if (walk) lv->walk = walk;
+  if (is_closing) lv->is_closing = is_closing;
   if (ctx->cb_pcall == ah_luv_cb_pcall) return 0;
   lv->ctx = ctx;
   lv->orig = ctx->cb_pcall;

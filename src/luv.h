@@ -24,6 +24,7 @@ typedef struct ah_luv {
   lua_CFunction run;  /* luv's uv.run */
   lua_CFunction walk; /* luv's uv.walk: runs its callback at once, through
                       ** cb_pcall (see luv_dispatch.c's in_walk) */
+  lua_CFunction is_closing; /* luv's uv.is_closing (see luv.c's kept) */
   int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   int records;        /* a record was made: a callback can be one */
   /* the record whose callback runs inline (dispatch_run), with the asyncId

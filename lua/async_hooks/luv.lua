@@ -146,7 +146,7 @@ function M.attach(uv, persist)
       if type(index) == "table" then patch(index) end
     end
   end
-  core.luv_attach(rawget(uv, "walk"))
+  core.luv_attach(rawget(uv, "walk"), rawget(uv, "is_closing"))
   -- queued destroys: every callback's exit delivers them, and so does the
   -- library's uv.run when it starts (src/luv_dispatch.c), so they arrive at
   -- the latest on the next loop iteration without a handle that runs every
