@@ -40,7 +40,7 @@ B.gc_token_cancel = core.gc_token_cancel
 -- while fn is suspended, and must not keep it alive after v:disable())
 function B.run_with(obj, value, fn, ...)
   local _scope <close> = enter(obj, value, fn)
-  value = nil
+  value = nil -- luacheck: ignore 311 (the stack slot is what counts)
   return fn(...)
 end
 
@@ -50,7 +50,7 @@ function B.runner(message)
   local enter_checked = core.enterer(message)
   return function(self, value, fn, ...)
     local _scope <close> = enter_checked(self, value, fn)
-    value = nil
+    value = nil -- luacheck: ignore 311 (the stack slot is what counts)
     return fn(...)
   end
 end

@@ -435,7 +435,7 @@ function B.run_with(obj, value, fn, ...)
   local rec = current()
   local saved = rec[F]
   rec[F] = with(saved, obj[1], value)
-  value = nil -- the frame holds it (see lua54.lua's run_with)
+  value = nil -- luacheck: ignore 311 (the frame holds it: see lua54.lua)
   return restore_frame(rec, saved, pcall(fn, ...))
 end
 
