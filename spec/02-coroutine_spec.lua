@@ -162,7 +162,7 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
     assert.same({ true }, { co.resume(c) })
     assert.same({ false, "cannot resume dead coroutine" }, { co.resume(c) })
     assert.equal("dead", co.status(c))
-    assert.error_matches(function() co.resume(42) end, "bad argument #1 to 'resume' %(coroutine expected")
+    assert.error_matches(function() co.resume(42) end, "bad argument #1 to 'resume' %(thread expected")
     assert.error_matches(function() co.create(42) end, "bad argument #1 to 'create' %(function expected")
     assert.error_matches(function() co.wrap() end, "function expected")
     local self
@@ -750,5 +750,36 @@ describe("coroutine review findings", function()
       assert.equal("dead", co.status(cos[i]))
       assert.is_nil(weak[i], "value " .. i .. " alive")
     end
+  end)
+end)
+
+describe("the patched coroutine functions' errors", function()
+  -- review finding (helper-28): after install(), resume/close said
+  -- "coroutine expected" (Lua 5.4 says "thread") and wrap() "got nil"
+  it("are the standard library's, word for word (rule 5)", function()
+    local code = [[
+      local function run()
+        local out = {}
+        for _, f in ipairs {
+          function() return coroutine.resume(1) end, function() return coroutine.resume() end,
+          function() return coroutine.close("x") end, function() return coroutine.status(1) end,
+          function() return coroutine.wrap() end, function() return coroutine.wrap(1, 2) end,
+          function() return coroutine.create() end, function() return coroutine.create({}) end,
+          function() return coroutine.resume(coroutine.running()) end,
+          function() return coroutine.close(coroutine.running()) end,
+        } do
+          out[#out + 1] = tostring(select(2, pcall(f)))
+        end
+        return table.concat(out, "\n")
+      end
+      local before = run()
+      require("async_hooks").install()
+      local after = run()
+      print(before == after and "same" or ("before:\n" .. before .. "\nafter:\n" .. after))
+    ]]
+    local status, out, err = H.run_lua(code)
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal("same\n", out)
   end)
 end)

@@ -48,9 +48,9 @@ describe("bad input", function()
       { function() ah.AsyncResource.bind(r) end, "function expected, got nil" },
       { function() ah.install("x") end, "table or nil expected" },
       { function() ah.install({ luv = 5 }) end, "luv module in opts.luv expected, got number" },
-      { function() co.resume("x") end, "coroutine expected" },
+      { function() co.resume("x") end, "thread expected" },
       { function() co.create({}) end, "function expected" },
-      { function() co.close(nil) end, "coroutine expected" },
+      { function() co.close(nil) end, "thread expected" },
       { function() co.wrap(nil) end, "function expected" },
     }
     for i, c in ipairs(cases) do
@@ -122,9 +122,9 @@ describe("bad input", function()
       { function() ah.install { luv = {} } end, "luv module in opts.luv expected, got a table without 'new_check'" },
       { function() ah.install { lvu = uv } end, "unknown option 'lvu'; accepted: luv" },
       { function() co.create({}) end, "function expected" },
-      { function() co.resume("x") end, "coroutine expected" },
+      { function() co.resume("x") end, "thread expected" },
       { function() co.wrap(nil) end, "function expected" },
-      { function() co.close(nil) end, "coroutine expected" },
+      { function() co.close(nil) end, "thread expected" },
     }
     for i, c in ipairs(cases) do
       local msg = H.raised_here(c[1])

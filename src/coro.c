@@ -12,7 +12,7 @@
 
 static lua_State *getco(lua_State *L) {
   lua_State *co = lua_tothread(L, 1);
-  luaL_argexpected(L, co, 1, "coroutine");
+  luaL_argexpected(L, co, 1, "thread"); /* lcorolib's words */
   return co;
 }
 
@@ -308,6 +308,7 @@ static int co_auxwrap(lua_State *L) {
 }
 
 static int co_wrap(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION); /* first: "got no value" stays */
   lua_settop(L, 1); /* as lcorolib's wrap: arguments after f are ignored */
   co_create(L);
   ah_push_shared(L);
