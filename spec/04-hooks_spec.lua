@@ -807,3 +807,151 @@ describe("fatal hook errors", function()
     end)
   end
 end)
+
+-- review finding (helper-28): a user's finalizer that ends a resource, or
+-- runs a scope or a coroutine (flush points), had destroys delivered inside
+-- the finalizer
+describe("destroy and a user's finalizer", function()
+  it("is never delivered inside it: the next flush point outside delivers it", function()
+    local in_gc, log = false, {}
+    local h = ah.createHook { destroy = function(id) log[#log + 1] = { id, in_gc } end }
+    h:enable()
+    local r1, r2 = AsyncResource.new("R1"), AsyncResource.new("R2")
+    local r1id = r1:asyncId()
+    local ran = 0
+    setmetatable({}, { __gc = function()
+      in_gc = true
+      r1:emitDestroy()
+      r2:runInAsyncScope(function() end)
+      co.wrap(function() end)()
+      ran = ran + 1
+      in_gc = false
+    end })
+    H.gc()
+    assert.equal(1, ran)
+    for _, e in ipairs(log) do assert.is_false(e[2], "destroy " .. e[1] .. " inside the finalizer") end
+    boundary()
+    h:disable()
+    local got = {}
+    for _, e in ipairs(log) do got[e[1]] = (got[e[1]] or 0) + 1; assert.is_false(e[2]) end
+    assert.equal(1, got[r1id]) -- delivered once, outside
+  end)
+end)
+
+-- review finding (helper-28): emitDestroy inside runInAsyncScope, the scope
+-- spanning a yield: the destroy came before the scope's later before/after
+describe("emitDestroy inside the resource's own scope", function()
+  local function events()
+    local log = {}
+    local h = ah.createHook {
+      before = function(id) log[#log + 1] = "before " .. id end,
+      after = function(id) log[#log + 1] = "after " .. id end,
+      destroy = function(id) log[#log + 1] = "destroy " .. id end,
+    }
+    return h, log
+  end
+
+  it("waits for the scope's last after, also across yields", function()
+    local h, log = events()
+    h:enable()
+    local r = AsyncResource.new("R")
+    local c = co.create(function()
+      r:runInAsyncScope(function()
+        r:emitDestroy()
+        co.yield()
+      end)
+    end)
+    local cid = core.stats().next_id - 1
+    co.resume(c)
+    log[#log + 1] = "--"
+    co.resume(c)
+    h:disable()
+    local rid = r:asyncId()
+    local R, C = tostring(rid), tostring(cid)
+    assert.same({ "before " .. C, "before " .. R, "after " .. R, "after " .. C, "--",
+      "before " .. C, "before " .. R, "after " .. R, "after " .. C, "destroy " .. R, "destroy " .. C }, log)
+  end)
+
+  it("on the main thread and nested: after the outermost scope of the resource", function()
+    local h, log = events()
+    h:enable()
+    local r = AsyncResource.new("R")
+    r:runInAsyncScope(function()
+      r:runInAsyncScope(function() r:emitDestroy() end)
+      log[#log + 1] = "inner closed"
+    end)
+    r:emitDestroy() -- once only
+    h:disable()
+    local R = tostring(r:asyncId())
+    assert.same({ "before " .. R, "before " .. R, "after " .. R, "inner closed", "after " .. R,
+      "destroy " .. R }, log)
+  end)
+
+  it("is delivered once the resource is collected when its scope never closes", function()
+    local h, log = events()
+    h:enable()
+    local rid
+    do
+      local r = AsyncResource.new("R") -- destroyed on collection (no requireManualDestroy)
+      rid = r:asyncId()
+      local c = co.create(function() r:runInAsyncScope(function() r:emitDestroy(); co.yield() end) end)
+      co.resume(c)
+      r, c = nil, nil -- luacheck: ignore 311 (abandoned inside the scope)
+    end
+    H.gc_anchors()
+    boundary()
+    h:disable()
+    local n = 0
+    for _, e in ipairs(log) do if e == "destroy " .. rid then n = n + 1 end end
+    assert.equal(1, n)
+  end)
+
+  it("is delivered at once when no scope of it is open", function()
+    local h, log = events()
+    h:enable()
+    local r = AsyncResource.new("R", { requireManualDestroy = true })
+    r:runInAsyncScope(function() end)
+    r:emitDestroy()
+    h:disable()
+    assert.same({ "before " .. r:asyncId(), "after " .. r:asyncId(), "destroy " .. r:asyncId() }, log)
+  end)
+end)
+
+-- review finding (helper-28): the frame scopes (AsyncLocal:run,
+-- Snapshot:run, Snapshot.wrap, AsyncLocalStorage.bind) did not deliver
+-- queued destroys when they returned at top level
+describe("queued destroys and the frame scopes", function()
+  it("are delivered when a scope returns at top level", function()
+    local log = {}
+    local h = ah.createHook { destroy = function(id) log[#log + 1] = id end }
+    h:enable()
+    local v = ah.AsyncLocal.new()
+    local scopes = {
+      function() v:run(1, function() end) end,
+      function() ah.Snapshot.new():run(function() end) end,
+      function() ah.Snapshot.wrap(function() end)() end,
+      function() ah.AsyncLocalStorage.bind(function() end)() end,
+      function() ah.AsyncLocalStorage.new():run({}, function() end) end,
+    }
+    for i, scope in ipairs(scopes) do
+      log = {}
+      local id = AsyncResource.new("R"):asyncId() -- dropped at once
+      H.gc()
+      assert.same({}, log, "scope " .. i .. ": delivered before a flush point")
+      scope()
+      assert.same({ id }, log, "scope " .. i)
+    end
+    -- inside a coroutine: at the end of its resume, not inside it
+    log = {}
+    local id = AsyncResource.new("R"):asyncId()
+    local inside
+    co.wrap(function()
+      H.gc()
+      v:run(1, function() end)
+      inside = #log
+    end)()
+    h:disable()
+    assert.equal(0, inside)
+    assert.equal(id, log[1])
+  end)
+end)

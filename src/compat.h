@@ -22,6 +22,15 @@
 #define ah_closethread(co, from) ((void)(from), lua_resetthread(co))
 #endif
 
+/* running inside a finalizer (__gc): since 5.4.4 lua_gc refuses every
+** option there (returns -1); earlier 5.4 releases cannot tell (destroys
+** queued by a user's finalizer may then be delivered inside it) */
+#if LUA_VERSION_RELEASE_NUM >= 50404
+#define ah_in_finalizer(L) (lua_gc((L), LUA_GCISRUNNING) < 0)
+#else
+#define ah_in_finalizer(L) ((void)(L), 0)
+#endif
+
 /* branch hints */
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_NOINLINE __attribute__((noinline))

@@ -230,10 +230,15 @@ static int l_swap(lua_State *L) {
   return 1;
 }
 
-/* __close of a frame: make it current again */
+/* __close of a frame: make it current again.  A scope (run, Snapshot:run,
+** a wrapped function) returning outside any callback, resume or hook is a
+** flush point: queued destroys are delivered there (a scope inside a
+** coroutine ends inside its resume, whose end delivers them) */
 static int frame_close(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_set_frame(L, ah_slot_of(L, st), 1);
+  if (ah_unlikely(st->dq_n || st->luv_pending) && L == st->mainL)
+    ah_flush_maybe(L, st);
   return 0;
 }
 

@@ -63,6 +63,16 @@ static int l_enter_scope(lua_State *L) {
     ah_set_guard(L, 5);
     st->slots[s].scopes++;
   }
+  /* the resource's open scopes, counted (last: a failure above leaves it
+  ** as it was); an explicit destroy waits for the last one to close */
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    lua_Integer n;
+    lua_rawgetp(L, 3, &ah_open_key);
+    n = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    lua_pushinteger(L, n + 1);
+    lua_rawsetp(L, 3, &ah_open_key);
+  }
   /* nothing below can fail (hook errors end the process): switch */
   g->ov = st->ov.slot == s ? s : 0;
   if (g->ov) st->ov.slot = 0;
@@ -73,6 +83,25 @@ static int l_enter_scope(lua_State *L) {
   if (g->on_main) st->active++;
   ah_emit_id(L, st, AH_BEFORE, id);
   return 1;
+}
+
+/* one scope of the resource (the guard's G_RES) less; a destroy held for
+** it is queued with the last (existing keys: nothing allocates) */
+static void close_count(lua_State *L, ah_state *st, const ah_guard *g) {
+  int top = lua_gettop(L); /* (pushes at most 5: within LUA_MINSTACK) */
+  if (lua_getiuservalue(L, 1, G_RES) == LUA_TTABLE &&
+      lua_rawgetp(L, -1, &ah_open_key) == LUA_TNUMBER) {
+    lua_Integer n = lua_tointeger(L, -1) - 1;
+    lua_pop(L, 1);
+    lua_pushinteger(L, n > 0 ? n : 0);
+    lua_rawsetp(L, -2, &ah_open_key);
+    if (n <= 0 && lua_rawgetp(L, -1, &ah_held_key) != LUA_TNIL) {
+      lua_pushnil(L);
+      lua_rawsetp(L, -3, &ah_held_key);
+      ah_destroy_held(L, st, g->id, lua_gettop(L));
+    }
+  }
+  lua_settop(L, top);
 }
 
 static int guard_close(lua_State *L) {
@@ -91,6 +120,7 @@ static int guard_close(lua_State *L) {
   if (g->closed) return 0;
   g->closed = 1;
   if (!g->out) ah_emit_id(L, st, AH_AFTER, g->id);
+  close_count(L, st, g);
   s = ah_slot_of(L, st);
   st->slots[s].id = g->prev_id;
   st->slots[s].trigger = g->prev_trigger;

@@ -574,8 +574,11 @@ return function(B)
     if getmetatable(self) ~= AsyncResource then error(badself("emitDestroy", "AsyncResource", self), 2) end
     if not self._destroyed then
       self._destroyed = true
-      if self._gctok then gc_token_cancel(self._gctok) end
-      emit_destroy(self._id)
+      -- false: held until its open scopes close (with its GC token, which
+      -- delivers it if they never do)
+      if emit_destroy(self._id, self, self._gctok) ~= false and self._gctok then
+        gc_token_cancel(self._gctok)
+      end
     end
     return self
   end

@@ -73,10 +73,17 @@ function M.new(nlocals)
     local scope = { id = ar.id, out = false }
     t.id, t.trigger, t.frame = ar.id, ar.trigger, ar.frame
     t.scopes[#t.scopes + 1] = scope
+    ar.open = (ar.open or 0) + 1
     emit("before", ar.id)
     local function close(ok, ...)
       table.remove(t.scopes)
       if not scope.out then emit("after", ar.id) end
+      -- a destroy asked for inside its scopes waits for the last to close
+      ar.open = ar.open - 1
+      if ar.open == 0 and ar.held then
+        ar.held = nil
+        m.destroyed[ar.id] = true
+      end
       t.id, t.trigger, t.frame = pid, ptrig, pframe
       if not ok then error((...), 0) end
       return ...
@@ -86,7 +93,7 @@ function M.new(nlocals)
   function m.ar_destroy(ar)
     if not ar.destroyed then
       ar.destroyed = true
-      m.destroyed[ar.id] = true
+      if (ar.open or 0) > 0 then ar.held = true else m.destroyed[ar.id] = true end
     end
   end
   function m.co_new(f)
