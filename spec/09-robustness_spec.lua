@@ -509,3 +509,32 @@ describe("the scope guard's __close", function()
     assert.equal(1, ah.executionAsyncId())
   end)
 end)
+
+-- review finding (helper-28): a bad call in tail position (`return
+-- als:run(s, nil)`) inside a library scope was positioned inside the
+-- library (its scope function's line).  Lua drops the frame of a caller
+-- that tail-calls, so the position is the nearest user code still on the
+-- stack: here the scope's call, on the same line.
+describe("errors of bad calls in tail position", function()
+  it("are never positioned inside the library", function()
+    local v, als = ah.AsyncLocal.new(), ah.AsyncLocalStorage.new()
+    local AR, S = ah.AsyncResource, ah.Snapshot
+    local cases = {
+      { function() local r = v:run(1, function() return als:run({}, nil) end); return r end, "bad argument #2 to 'run'" },
+      { function() local r = v:run(1, function() return v:run(1, nil) end); return r end, "bad argument #2 to 'run'" },
+      { function() local r = S.new():run(function() return AR.new("") end); return r end, "bad argument #1 to 'new'" },
+      { function() local r = AR.new("R"):runInAsyncScope(function() return ah.AsyncLocal.new(5) end); return r end,
+        "bad argument #1 to 'new'" },
+      { function() local r = S.wrap(function() return ah.createHook(1) end)(); return r end, "bad argument #1 to 'createHook'" },
+      { function() local r = als:run({}, function() return als.exit(1) end); return r end, "calling 'exit' on bad self" },
+      { function() local r = v:run(1, function() return v.get(5) end); return r end, "calling 'get' on bad self" },
+      { function() local r = AR.bind(function() return S.new():run(7) end)(); return r end, "bad argument #1 to 'run'" },
+    }
+    -- (each case keeps its own frame: `local r = ...; return r`, not a
+    -- tail call, which would leave no user frame at all but pcall's)
+    for i, c in ipairs(cases) do
+      local msg = H.raised_here(c[1]) -- positioned at this file's line
+      assert.matches(c[2], msg, 1, true, "case " .. i)
+    end
+  end)
+end)

@@ -3,6 +3,7 @@
 ** graph (it calls no other file of the core).
 */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -65,4 +66,23 @@ void ah_queue_destroy(ah_state *st, lua_Integer id) {
     st->dq_cap = ncap;
   }
   st->dq[st->dq_n++] = id;
+}
+
+/* luaL_where(L, level), past the frames of the library's own Lua files
+** (AUX_LIBDIR): a public function written in Lua that the user called in
+** tail position has no caller frame left, and the next frame may be a
+** library scope's; the position is then the nearest user code's.  Called
+** by core functions (the shared upvalues), on error paths only. */
+void ah_where(lua_State *L, int level) {
+  lua_Debug ar;
+  size_t n = 0;
+  const char *dir = NULL;
+  luaL_checkstack(L, 2, "async_hooks");
+  if (lua_rawgeti(L, AH_UV_AUX, AUX_LIBDIR) == LUA_TSTRING)
+    dir = lua_tolstring(L, -1, &n);
+  while (dir && lua_getstack(L, level, &ar) && lua_getinfo(L, "S", &ar) &&
+         strncmp(ar.source, dir, n) == 0)
+    level++;
+  lua_pop(L, 1); /* (AUX keeps dir alive) */
+  luaL_where(L, level);
 }

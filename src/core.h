@@ -63,6 +63,8 @@ enum {
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
+  AUX_LIBDIR,    /* the folder of the library's Lua files ("@.../"), or
+                 ** nil: errors are positioned past their frames (ah_where) */
   AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
                  ** kind in use, or false (see hooks.c) */
   AUX_N = AUX_HOOK1 + AH_NKINDS
@@ -189,6 +191,7 @@ void ah_new_metatable(lua_State *L, const char *name, const char *event,
 void ah_weak_table(lua_State *L, const char *mode, int narr);
 int ah_callable(lua_State *L, int idx);
 void ah_queue_destroy(ah_state *st, lua_Integer id);
+void ah_where(lua_State *L, int level);
 /* keys in a scope's resource table (an AsyncResource): its open scopes (an
 ** integer), and true while its destroy waits for the last of them (the
 ** destroy comes after the last after, also of a scope spanning a yield) */

@@ -45,7 +45,7 @@ static int bad_self(lua_State *L) {
   got = luaL_typename(L, 1);
   if (luaL_getmetafield(L, 1, "__name") == LUA_TSTRING)
     got = lua_tostring(L, -1);
-  luaL_where(L, 1);
+  ah_where(L, 1);
   lua_pushfstring(L, "calling '%s' on bad self (%s expected, got %s)",
                   lua_tostring(L, AH_UV_METHOD), lua_tostring(L, AH_UV_CLASS),
                   got);
@@ -167,7 +167,7 @@ static int caller_error(lua_State *L, const char *fmt, const char *fname,
   const char *got = luaL_typename(L, idx);
   if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
     got = lua_tostring(L, -1);
-  luaL_where(L, 2);
+  ah_where(L, 2);
   lua_pushfstring(L, fmt, fname, got);
   lua_concat(L, 2);
   return lua_error(L);
@@ -185,7 +185,7 @@ static int enter_error(lua_State *L, const char *fmt, int idx) {
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);
   lua_call(L, 3, 1);
-  luaL_where(L, 2);
+  ah_where(L, 2);
   lua_insert(L, -2);
   lua_concat(L, 2);
   return lua_error(L);
@@ -303,7 +303,16 @@ static int l_frame_size(lua_State *L) {
   return 1;
 }
 
+/* set_libdir(dir): the folder of the library's Lua files (see ah_where) */
+static int l_set_libdir(lua_State *L) {
+  luaL_checkstring(L, 1);
+  lua_settop(L, 1);
+  lua_rawseti(L, AH_UV_AUX, AUX_LIBDIR);
+  return 0;
+}
+
 static const luaL_Reg frame_funcs[] = {
+  {"set_libdir", l_set_libdir},
   {"get", l_get},
   {"set", l_set},
   {"enter", l_enter_frame},

@@ -71,7 +71,7 @@
 --    B.luv_covered             (optional) sorted names of wrapped luv functions
 --
 -- Errors raised here carry the position of the user's call: checks are
--- written in the public function itself (`error(msg, 2)`), helpers only
+-- written in the public function itself (`raise(msg)`, below), helpers only
 -- build messages.
 local type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget =
   type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget
@@ -83,6 +83,27 @@ local tointeger = math.tointeger or function(x) -- LuaJIT: exact integers of a d
 end
 
 local VERSION = "scm-1"
+
+-- The library's own Lua files (this file's folder and below).  An error
+-- is positioned at the public function's caller, or, past the library's
+-- frames, at the nearest user code: a public function the user called in
+-- tail position (`return als:run(s, f)`) has no caller frame left, and the
+-- next one may be a library scope's (its run calling the user's function).
+local getinfo = debug.getinfo
+local LIBDIR = (getinfo(1, "S").source or ""):match("^(@.*[/\\])")
+
+--- error(msg) at the caller of the public function that calls raise
+local function raise(msg)
+  local level = 3 -- 1: raise, 2: the public function, 3: its caller
+  if LIBDIR then
+    local info = getinfo(level, "S")
+    while info and info.source:sub(1, #LIBDIR) == LIBDIR do
+      level = level + 1
+      info = getinfo(level, "S")
+    end
+  end
+  error(msg, level)
+end
 
 return function(B)
   if B.persist.module then return B.persist.module end
@@ -198,15 +219,15 @@ return function(B)
       end)
     end
     return function(self, value, fn, ...)
-      if not LOCALS[getmetatable(self)] then error(badself("run", class, self), 2) end
-      if type(fn) ~= "function" and not callable(fn) then error(badarg(2, "run", "function", fn), 2) end
+      if not LOCALS[getmetatable(self)] then raise(badself("run", class, self)) end
+      if type(fn) ~= "function" and not callable(fn) then raise(badarg(2, "run", "function", fn)) end
       return run_with(self, value, fn, ...)
     end
   end
 
   local function make_disable(class)
     return function(self)
-      if not LOCALS[getmetatable(self)] then error(badself("disable", class, self), 2) end
+      if not LOCALS[getmetatable(self)] then raise(badself("disable", class, self)) end
       self[1] = newtoken()
     end
   end
@@ -222,7 +243,7 @@ return function(B)
   ---@overload fun(): AsyncLocal
   function AsyncLocal.new(opts)
     local msg = check_opts(opts, AL_KEYS, 1, "new") or check_name(opts, "new")
-    if msg then error(msg, 2) end
+    if msg then raise(msg) end
     -- the hot methods as own fields: one table lookup less per call
     return setmetatable({ newtoken(), name = opts and opts.name or "", default = opts and opts.default,
       get = get, set = set }, AsyncLocal)
@@ -276,7 +297,7 @@ return function(B)
   ---@overload fun(): AsyncLocalStorage
   function AsyncLocalStorage.new(opts)
     local msg = check_opts(opts, ALS_KEYS, 1, "new") or check_name(opts, "new")
-    if msg then error(msg, 2) end
+    if msg then raise(msg) end
     local dv = opts and opts.defaultValue
     local v = setmetatable({ newtoken(), name = opts and opts.name or "", default = dv, defaultValue = dv },
       AsyncLocalStorage)
@@ -311,8 +332,8 @@ return function(B)
   ---@param fn function
   ---@return ...
   function AsyncLocalStorage:exit(fn, ...)
-    if not LOCALS[getmetatable(self)] then error(badself("exit", "AsyncLocalStorage", self), 2) end
-    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "exit", "function", fn), 2) end
+    if not LOCALS[getmetatable(self)] then raise(badself("exit", "AsyncLocalStorage", self)) end
+    if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "exit", "function", fn)) end
     return run_with(self, nil, fn, ...)
   end
 
@@ -327,7 +348,7 @@ return function(B)
   ---@param fn function
   ---@return function
   function AsyncLocalStorage.bind(fn)
-    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "bind", "function", fn), 2) end
+    if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "bind", "function", fn)) end
     local frame = current_frame()
     return function(...) return run_in_frame(frame, fn, ...) end
   end
@@ -338,7 +359,7 @@ return function(B)
   function AsyncLocalStorage.snapshot()
     local frame = current_frame()
     return function(fn, ...)
-      if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "snapshot", "function", fn), 2) end
+      if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "snapshot", "function", fn)) end
       return run_in_frame(frame, fn, ...)
     end
   end
@@ -381,8 +402,8 @@ return function(B)
   ---@param fn function
   ---@return ...
   function Snapshot:run(fn, ...)
-    if getmetatable(self) ~= Snapshot then error(badself("run", "Snapshot", self), 2) end
-    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "run", "function", fn), 2) end
+    if getmetatable(self) ~= Snapshot then raise(badself("run", "Snapshot", self)) end
+    if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "run", "function", fn)) end
     return run_in_frame(self.frame, fn, ...)
   end
 
@@ -392,7 +413,7 @@ return function(B)
   ---@param fn function
   ---@return function
   function Snapshot.wrap(fn)
-    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "wrap", "function", fn), 2) end
+    if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "wrap", "function", fn)) end
     local frame = current_frame()
     return function(...) return run_in_frame(frame, fn, ...) end
   end
@@ -444,15 +465,15 @@ return function(B)
   ---@param callbacks {init: function?, before: function?, after: function?, destroy: function?}
   ---@return AsyncHook
   function M.createHook(callbacks)
-    if type(callbacks) ~= "table" or CLASSES[callbacks] then error(badarg(1, "createHook", "table", callbacks), 2) end
+    if type(callbacks) ~= "table" or CLASSES[callbacks] then raise(badarg(1, "createHook", "table", callbacks)) end
     local msg = unknown_key(callbacks, HOOK_KEYS, 1, "createHook")
-    if msg then error(msg, 2) end
+    if msg then raise(msg) end
     local h = setmetatable({}, AsyncHook)
     for _, k in ipairs(KINDS) do
       local f = callbacks[k]
       if f ~= nil then
         if not callable(f) then
-          error(("bad argument #1 to 'createHook' (hook.%s must be a function, got %s)"):format(k, typename(f)), 2)
+          raise(("bad argument #1 to 'createHook' (hook.%s must be a function, got %s)"):format(k, typename(f)))
         end
         h[k] = f
       end
@@ -468,7 +489,7 @@ return function(B)
   -- @treturn AsyncHook the hook
   ---@return AsyncHook
   function AsyncHook:enable()
-    if getmetatable(self) ~= AsyncHook then error(badself("enable", "AsyncHook", self), 2) end
+    if getmetatable(self) ~= AsyncHook then raise(badself("enable", "AsyncHook", self)) end
     B.hook_enable(self)
     return self
   end
@@ -477,7 +498,7 @@ return function(B)
   -- @treturn AsyncHook the hook
   ---@return AsyncHook
   function AsyncHook:disable()
-    if getmetatable(self) ~= AsyncHook then error(badself("disable", "AsyncHook", self), 2) end
+    if getmetatable(self) ~= AsyncHook then raise(badself("disable", "AsyncHook", self)) end
     B.hook_disable(self)
     return self
   end
@@ -541,13 +562,13 @@ return function(B)
   ---@overload fun(type_name: string): AsyncResource
   function AsyncResource.new(type_name, opts)
     if type(type_name) ~= "string" or type_name == "" then
-      error(badarg(1, "new", "non-empty string", type_name), 2)
+      raise(badarg(1, "new", "non-empty string", type_name))
     end
     local trigger, manual
     if opts ~= nil then
       local msg
       msg, trigger, manual = check_resource_opts(opts)
-      if msg then error(msg, 2) end
+      if msg then raise(msg) end
     end
     return make_resource(type_name, trigger, manual)
   end
@@ -562,8 +583,8 @@ return function(B)
   ---@param fn function
   ---@return ...
   function AsyncResource:runInAsyncScope(fn, ...)
-    if getmetatable(self) ~= AsyncResource then error(badself("runInAsyncScope", "AsyncResource", self), 2) end
-    if type(fn) ~= "function" and not callable(fn) then error(badarg(1, "runInAsyncScope", "function", fn), 2) end
+    if getmetatable(self) ~= AsyncResource then raise(badself("runInAsyncScope", "AsyncResource", self)) end
+    if type(fn) ~= "function" and not callable(fn) then raise(badarg(1, "runInAsyncScope", "function", fn)) end
     return run_in_scope(self._id, self._trigger, self, self._frame, fn, ...)
   end
 
@@ -571,7 +592,7 @@ return function(B)
   -- @treturn AsyncResource the resource
   ---@return AsyncResource
   function AsyncResource:emitDestroy()
-    if getmetatable(self) ~= AsyncResource then error(badself("emitDestroy", "AsyncResource", self), 2) end
+    if getmetatable(self) ~= AsyncResource then raise(badself("emitDestroy", "AsyncResource", self)) end
     if not self._destroyed then
       self._destroyed = true
       -- false: held until its open scopes close (with its GC token, which
@@ -587,7 +608,7 @@ return function(B)
   -- @treturn integer
   ---@return integer
   function AsyncResource:asyncId()
-    if getmetatable(self) ~= AsyncResource then error(badself("asyncId", "AsyncResource", self), 2) end
+    if getmetatable(self) ~= AsyncResource then raise(badself("asyncId", "AsyncResource", self)) end
     return self._id
   end
 
@@ -595,7 +616,7 @@ return function(B)
   -- @treturn integer
   ---@return integer
   function AsyncResource:triggerAsyncId()
-    if getmetatable(self) ~= AsyncResource then error(badself("triggerAsyncId", "AsyncResource", self), 2) end
+    if getmetatable(self) ~= AsyncResource then raise(badself("triggerAsyncId", "AsyncResource", self)) end
     return self._trigger
   end
 
@@ -610,11 +631,11 @@ return function(B)
   function AsyncResource.bind(a, b)
     local self, fn
     if getmetatable(a) == AsyncResource then
-      if type(b) ~= "function" and not callable(b) then error(badarg(1, "bind", "function", b), 2) end
+      if type(b) ~= "function" and not callable(b) then raise(badarg(1, "bind", "function", b)) end
       self, fn = a, b
     else
-      if type(a) ~= "function" and not callable(a) then error(badarg(1, "bind", "function", a), 2) end
-      if b ~= nil and (type(b) ~= "string" or b == "") then error(badarg(2, "bind", "non-empty string or nil", b), 2) end
+      if type(a) ~= "function" and not callable(a) then raise(badarg(1, "bind", "function", a)) end
+      if b ~= nil and (type(b) ~= "string" or b == "") then raise(badarg(2, "bind", "non-empty string or nil", b)) end
       self, fn = make_resource(b or "bound-anonymous-fn"), a
     end
     local id, trig, frame = self._id, self._trigger, self._frame
@@ -652,9 +673,9 @@ return function(B)
   ---@return async_hooks
   function M.install(opts)
     local msg = check_opts(opts, INSTALL_KEYS, 1, "install")
-    if msg then error(msg, 2) end
+    if msg then raise(msg) end
     local why = B.install(opts)
-    if why then error("bad argument #1 to 'install' (" .. why .. ")", 2) end
+    if why then raise("bad argument #1 to 'install' (" .. why .. ")") end
     return M
   end
 

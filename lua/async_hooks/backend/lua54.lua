@@ -22,6 +22,13 @@ local coro = core.coro
 
 local B = { name = "lua54", persist = persist }
 
+-- the library's folder (".../async_hooks/"): errors raised in C are
+-- positioned past its frames, as the api's are (see api.lua's raise)
+do
+  local dir = (debug.getinfo(1, "S").source or ""):match("^(@.*[/\\])backend[/\\][^/\\]*$")
+  if dir then core.set_libdir(dir) end
+end
+
 B.newtoken = core.newtoken
 B.getter = core.getter
 B.setter = core.setter
