@@ -218,9 +218,11 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     has_res = r && (r->flags & REC_RES);
     oneshot = r && (r->flags & REC_ONESHOT);
     if (has_res) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
-    if (r)
-      lua_getiuservalue(L, base, RV_FRAME);
-    else if (had & A_FRAME)
+    if (r) { /* its frame, to hold while it runs: only if it is switched
+             ** (the same as the thread's: F[s] and its anchor hold it) */
+      switched = rframe != lua_topointer(L, pframe);
+      if (switched) lua_getiuservalue(L, base, RV_FRAME); else lua_pushnil(L);
+    } else if (had & A_FRAME)
       lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
     else
       lua_pushnil(L);
@@ -236,7 +238,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   st->slots[s].id = id;
   st->slots[s].trigger = trigger;
   if (r || q) {
-    if (q || rframe != lua_topointer(L, pframe)) {
+    if (q || switched) {
       frame_write(L, st, s, base + D_FRAME);
       if (q || rframe != st->empty)
         st->slots[s].anchored |= A_FRAME;
