@@ -538,3 +538,73 @@ describe("errors of bad calls in tail position", function()
     end
   end)
 end)
+
+-- review finding (helper-32): at lua_close, code that runs after the
+-- library's state was finalized (luv's loop finalizer runs pending
+-- callbacks; finalizers of objects made before the library) read and wrote
+-- past the slot array once it had grown, and leaked the destroy queue.
+-- Under `make asan` the subprocess runs with AddressSanitizer and leak
+-- detection: any memory error or leak fails its exit status.
+describe("lua_close with library work left", function()
+  local function run_closing(code)
+    local path = H.tmpfile(code)
+    local out, err = path .. ".out", path .. ".err"
+    local asan = os.getenv("AH_ASAN") and ("detect_leaks=1:malloc_fill_byte=0:exitcode=23 LSAN_OPTIONS=suppressions="
+      .. os.getenv("PWD") .. "/.ci/lsan.supp") or "detect_leaks=0"
+    local ok, how, status = os.execute(("ASAN_OPTIONS=%s %s %s >%s 2>%s"):format(asan, H.lua_cmd(), path, out, err))
+    local function slurp(p) local h = io.open(p); local s = h and h:read("a") or ""; if h then h:close() end; os.remove(p); return s end
+    os.remove(path)
+    return how == "exit" and status or -1, slurp(out), slurp(err), ok
+  end
+  local GROWN = [[
+    KEEP = {}
+    for i = 1, 100 do -- more live coroutines than the inline slots
+      KEEP[i] = coroutine.create(function() coroutine.yield() end)
+      coroutine.resume(KEEP[i])
+    end
+  ]]
+
+  it("runs luv's pending callbacks (creating coroutines) without a memory error", function()
+    local status, out, err = run_closing([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      v:set("req")
+    ]] .. GROWN .. [[
+      uv.fs_stat("/", function()
+        coroutine.wrap(function() io.stdout:write("callback at close: ", tostring(v:get()), "\n") end)()
+      end)
+    ]])
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal("callback at close: req\n", out)
+  end)
+
+  it("queues no destroy it would leak (pending tracked requests, a destroy hook)", function()
+    local status, out, err = run_closing([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      ah.createHook { destroy = function() end }:enable()
+      local v = ah.AsyncLocal.new()
+      v:set("x")
+      for _ = 1, 20 do uv.fs_stat("/", function() io.stdout:write(tostring(v:get())) end) end
+    ]])
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal(("x"):rep(20), out)
+  end)
+
+  it("lets a finalizer of an object made before the library create coroutines", function()
+    local status, out, err = run_closing([[
+      EARLY = setmetatable({}, { __gc = function()
+        local c = coroutine.create(function() return 1 end)
+        io.stdout:write("late: ", tostring(select(2, coroutine.resume(c))), "\n")
+      end })
+      local ah = require("async_hooks").install()
+      ah.AsyncLocal.new():set("x")
+    ]] .. GROWN)
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal("late: 1\n", out)
+  end)
+end)

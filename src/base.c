@@ -58,6 +58,7 @@ int ah_callable(lua_State *L, int idx) {
 /* queue the destroy of id, delivered by ah_flush (hooks.c); runs in
 ** finalizers: no Lua call, no error */
 void ah_queue_destroy(ah_state *st, lua_Integer id) {
+  if (ah_unlikely(st->closed)) return; /* lua_close: nothing allocates */
   if (st->dq_n == st->dq_cap) {
     size_t ncap = st->dq_cap ? st->dq_cap * 2 : 16;
     lua_Integer *n = realloc(st->dq, ncap * sizeof(lua_Integer));

@@ -64,19 +64,21 @@ static const luaL_Reg core_funcs[] = {
 /* --------------------------------------------------------------------- */
 /* the state                                                               */
 
-/* __gc of the ah_state userdata (lua_close): free the native arrays */
+/* __gc of the ah_state userdata (lua_close): free the native arrays.
+** Library code can still run afterwards (finalizers that run later: luv's
+** loop finalizer runs pending callbacks), so what remains stays usable:
+** the slot array is a userdata (AUX_SLOTS), freed with the state; the
+** destroy queue and the callback stack allocate nothing from now on. */
 static int state_gc(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 1);
   st->closed = 1;
-  if (st->slots != st->inline_slots) free(st->slots);
-  st->slots = st->inline_slots;
-  st->cap = AH_INLINE;
   free(st->dq);
   st->dq = NULL;
+  st->dq_n = st->dq_cap = 0;
   if (st->cb != st->cb_inline) free(st->cb);
   st->cb = st->cb_inline;
+  st->cb_cap = AH_CB_INLINE;
   st->cb_n = 0;
-  st->dq_n = st->dq_cap = 0;
   return 0;
 }
 

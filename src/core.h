@@ -63,6 +63,10 @@ enum {
   AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
+  AUX_SLOTS,     /* the slot array once grown beyond the inline one: a
+                 ** userdata, so that its memory outlives every finalizer
+                 ** that lua_close runs (luv's loop finalizer runs
+                 ** callbacks after this state's) */
   AUX_LIBDIR,    /* the folder of the library's Lua files ("@.../"), or
                  ** nil: errors are positioned past their frames (ah_where) */
   AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
@@ -133,6 +137,7 @@ typedef struct ah_state {
   int handles;               /* tracked luv handle registrations (upper bound) */
   lua_Integer fast_callbacks; /* luv callbacks that took the no-Lua path */
   int closed;                /* state finalized (lua_close) */
+  int heap_stale;            /* the slots are inline again: AUX_SLOTS can go */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
   int npend;                 /* A_PEND, A_STALE, A_TOKPEND and A_PENDR
                              ** flags set, over all slots */

@@ -35,6 +35,8 @@
 static AH_COLD int cb_grow(ah_state *st) {
   size_t ncap = st->cb_cap * 2;
   lua_Integer *n;
+  if (st->closed) return 0; /* lua_close: nothing allocates (the callers
+                            ** cope, as without memory) */
   if (st->cb == st->cb_inline) {
     n = malloc(ncap * sizeof *n);
     if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);

@@ -31,20 +31,25 @@ static void push_free(ah_state *st, int s) {
   }
 }
 
-static int grow(ah_state *st) {
-  int ncap = st->cap * 2, i;
+/* A slot array twice as large, as a userdata anchored in AUX_SLOTS (the
+** previous one becomes garbage).  Allocates (can raise, can run
+** finalizers, which can free slots or shrink the array back: then nothing
+** more is done).  Returns 0 only when no larger array can exist. */
+static int grow(lua_State *L, ah_state *st) {
+  int ocap = st->cap, ncap = ocap * 2, i;
   ah_slot *n;
-  if (ncap <= st->cap || (size_t)ncap > SIZE_MAX / sizeof(ah_slot)) return 0;
-  if (st->slots == st->inline_slots) {
-    n = malloc(sizeof(ah_slot) * (size_t)ncap);
-    if (n) memcpy(n, st->inline_slots, sizeof(ah_slot) * AH_INLINE);
-  } else {
-    n = realloc(st->slots, sizeof(ah_slot) * (size_t)ncap);
+  if (ncap <= ocap || (size_t)ncap > SIZE_MAX / sizeof(ah_slot)) return 0;
+  n = (ah_slot *)lua_newuserdatauv(L, sizeof(ah_slot) * (size_t)ncap, 0);
+  if (st->cap != ocap) { /* a finalizer shrank it meanwhile: slots are free */
+    lua_pop(L, 1);
+    return 1;
   }
-  if (!n) return 0;
-  memset(n + st->cap, 0, sizeof(ah_slot) * (size_t)(ncap - st->cap));
+  memcpy(n, st->slots, sizeof(ah_slot) * (size_t)ocap);
+  memset(n + ocap, 0, sizeof(ah_slot) * (size_t)(ncap - ocap));
+  lua_rawseti(L, AH_UV_AUX, AUX_SLOTS); /* an array slot: no allocation */
   st->slots = n;
-  for (i = ncap - 1; i >= st->cap; i--) push_free(st, i);
+  st->heap_stale = 0;
+  for (i = ncap - 1; i >= ocap; i--) push_free(st, i);
   st->cap = ncap;
   return 1;
 }
@@ -71,10 +76,10 @@ static void maybe_shrink(ah_state *st) {
       st->used_low > AH_INLINE / 2)
     return;
   memcpy(st->inline_slots, st->slots, sizeof(ah_slot) * AH_INLINE);
-  free(st->slots);
   st->slots = st->inline_slots;
   st->cap = AH_INLINE;
   st->free_high = -1;
+  st->heap_stale = 1; /* its anchor is dropped by the next ah_release */
 }
 
 static void free_slot(ah_state *st, int s) {
@@ -211,6 +216,11 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     }
   }
   free_slot(st, s);
+  if (ah_unlikely(st->heap_stale)) { /* the array shrank back: let it go */
+    lua_pushnil(L);
+    lua_rawseti(L, AH_UV_AUX, AUX_SLOTS);
+    st->heap_stale = 0;
+  }
 }
 
 /* __gc of a coroutine token: the coroutine is gone. */
@@ -260,7 +270,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
     ah_rearm(L, st);
   if (!st->extra) ah_reserve_binding(L, st, thread_idx);
   if (ah_unlikely(st->free_low < 0 && st->free_high < 0) &&
-      sweep(L, st) < st->cap / 4 && !grow(st) &&
+      sweep(L, st) < st->cap / 4 && !grow(L, st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
   /* a coroutine's frame gets a deferred anchor (see ah_anchor_frame):
