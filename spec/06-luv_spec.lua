@@ -1535,3 +1535,50 @@ describe("luv integration", function()
     assert.equal("true\tfalse\nnil\t1\t0\t0\t2\ttrue\ttrue\n3\tfalse\n", out)
   end)
 end)
+
+-- review findings (helper-32): every install()/uninstall() cycle made a new
+-- set of wrappers (each anchoring its spec for the life of the state), and
+-- install() ignored a luv module required again while installed
+describe("luv across install cycles and re-required modules", function()
+  it("install()/uninstall() cycles keep memory flat", function()
+    local status, out, err = H.run_lua([[
+      require("luv")
+      local ah = require("async_hooks")
+      local function mem() collectgarbage(); collectgarbage(); return collectgarbage("count") end
+      ah.install(); ah.uninstall()
+      local m0 = mem()
+      for _ = 1, 300 do ah.install(); ah.uninstall() end
+      print(math.floor((mem() - m0) * 1024 / 300))
+    ]])
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.is_true(tonumber(out) < 64, "bytes per cycle: " .. out) -- was about 15000
+  end)
+
+  it("install() patches a luv module required again, and uninstall() restores both", function()
+    local status, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local orig = debug.getregistry().uv_timer.__index.start
+      package.loaded.luv = nil
+      local uv2 = require("luv")
+      assert(uv2 ~= uv)
+      ah.install()
+      local v = ah.AsyncLocal.new()
+      v:set("ctx")
+      local got1, got2
+      local t1, t2 = uv2.new_timer(), uv2.new_timer()
+      uv2.timer_start(t1, 1, 0, function() got1 = v:get(); t1:close() end)
+      t2:start(1, 0, function() got2 = v:get(); t2:close() end)
+      uv2.run()
+      ah.uninstall()
+      local raw = debug.getregistry().uv_timer.__index.start
+      print(got1, got2, rawget(uv, "timer_start") == rawget(uv2, "timer_start"), raw == rawget(uv2, "timer_start"),
+        raw ~= orig)
+      uv2.run("nowait")
+    ]])
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal("ctx\tctx\ttrue\ttrue\ttrue\n", out)
+  end)
+end)

@@ -112,13 +112,21 @@ for _, s in ipairs(SPECS) do
   end
 end
 
---- Patch luv (idempotent).
+--- Patch luv (idempotent).  The wrappers are made once per Lua state and
+-- kept in `persist` (each anchors its spec for the life of the state: an
+-- install/uninstall cycle makes none); a luv module table required again
+-- (a new table, and luv's new `__index` tables) is patched when `attach` is
+-- called with it.
 -- @param uv the luv module table
 -- @param persist the table that survives re-requires of the module
 function M.attach(uv, persist)
-  if persist.luv then return end
-  local state = { uv = uv, patches = {} } -- patches: {{tbl, key, orig}}
-  local wrappers = {}                      -- original -> wrapper
+  local state = persist.luv
+  if state and state.uvs[uv] then return end
+  local wrappers = persist.luv_wrappers -- original -> wrapper
+  if not wrappers then
+    wrappers = {}
+    persist.luv_wrappers = wrappers
+  end
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
@@ -128,7 +136,9 @@ function M.attach(uv, persist)
   -- uv.run itself: callbacks that run inside the library's uv.run find the
   -- core's state in its upvalues (the fast path of src/luv_dispatch.c)
   local run = rawget(uv, "run")
-  if type(run) == "function" then wrappers[run] = core.luv_wrap_run(run) end
+  if type(run) == "function" and not wrappers[run] then wrappers[run] = core.luv_wrap_run(run) end
+  state = state or { uvs = {}, patches = {} } -- patches: {{tbl, key, orig}}
+  state.uvs[uv] = true
   local function patch(tbl)
     for k, v in pairs(tbl) do
       local w = wrappers[v]
