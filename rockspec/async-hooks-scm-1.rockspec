@@ -17,8 +17,9 @@ description = {
     snapshots of the whole context (TC39 AsyncContext.Snapshot),
     createHook with init/before/after/destroy events, executionAsyncId,
     triggerAsyncId and AsyncResource with Node's semantics.  A drop-in
-    coroutine library carries the context into coroutines; install{luv =
-    true} wraps luv's callback-taking functions.  The hot paths are a C
+    coroutine library carries the context into coroutines; install()
+    wraps luv's callback-taking functions too (install{luv = uv} for a
+    luv module given by hand).  The hot paths are a C
     core (async_hooks.core); luv is optional.
   ]],
   -- No public repository yet: replace with its address when published.
