@@ -22,6 +22,7 @@ local SERVER = table.concat({
   "location /timers { " .. app("timers") .. " }",
   "location /timer_error { " .. app("timer_error") .. " }",
   "location /timer_after_error { " .. app("timer_after_error") .. " }",
+  "location /timer_stale { " .. app("timer_stale") .. " }",
   "location /timer_reuse { " .. app("timer_reuse") .. " }",
   "location /ctx_keys { " .. app("ctx_keys") .. " }",
   "location /scopes { " .. app("scopes") .. " }",
@@ -130,6 +131,12 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       assert.are.equal("0 0 nil " .. i, get("/timer_after_error?id=" .. i))
     end
     assert.matches("expected%-boom 5", srv:errors())
+  end)
+
+  it("a timer never sees the record of a callback that raised or called ngx.exit, however it was registered", function()
+    for i = 1, 3 do
+      assert.are.equal("1 14 0 0 secret-" .. i, get("/timer_stale?id=" .. i))
+    end
   end)
 
   it("keeps the request's record in ngx.ctx under private keys, whatever the user keeps there", function()

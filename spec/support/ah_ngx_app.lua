@@ -255,6 +255,50 @@ function A.timer_after_error()
   say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
 end
 
+--- timers that run after a callback raised or called ngx.exit (ngx_lua
+--- recycles the fake request's memory and the Lua thread) see nothing of
+--- it, also when they were registered unobservably (empty frame, no hook:
+--- not wrapped) or through ngx.timer.at/every saved before install()
+function A.timer_stale()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  local originals = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
+  local saved_at, saved_every = originals[6], originals[7]
+  local n, left = 0, 0
+  local function probe(premature)
+    if premature then return end
+    local v, trig = rid:get(), ah.triggerAsyncId()
+    if v ~= nil or trig ~= 1 then d:incr("stale" .. id, 1, 0) end
+    rid:set("mine") -- must stay with this run
+    n = n + 1
+    left = left - 1
+  end
+  -- registered before anything else: no hook, the empty frame
+  for _ = 1, 4 do
+    left = left + 1
+    ngx.timer.at(0.02, probe)
+    left = left + 1
+    saved_at(0.02, probe)
+  end
+  local every = 0
+  local ok = saved_every(0.005, function(premature)
+    if premature or every >= 6 then return end
+    every = every + 1
+    probe()
+  end)
+  left = left + 6
+  rid:set("secret-" .. id)
+  other:set("other-" .. id)
+  ngx.timer.at(0, function() error("expected-boom stale " .. id) end)
+  ngx.timer.at(0, function() ngx.exit(0) end)
+  ngx.timer.at(0.001, function() rid:set("x"); error("expected-boom stale2 " .. id) end)
+  for _ = 1, 500 do
+    if left == 0 then break end
+    ngx.sleep(0.002)
+  end
+  say { s(ok), s(n), s(left), s(d:get("stale" .. id) or 0), rid:get() }
+end
+
 --- the request's record is its ngx.ctx: the user's own keys (even named
 --- like the record's fields) neither disturb it nor get touched, also when
 --- ngx.ctx has an __index metatable

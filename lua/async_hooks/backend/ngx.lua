@@ -18,13 +18,14 @@
 --   record in the table at `rs[TH]`, made when their body starts and removed
 --   when it returns; `n` there counts them, so that a request without any
 --   pays no `coroutine.running()` (which LuaJIT does not compile).
--- * A timer callback runs in a fake request: the trampoline keeps its record
---   in `timer_recs` by the fake request's address while it runs, starting in
---   the frame captured by `ngx.timer.at`/`every` (carried as extra timer
---   arguments), and reuses it for a later callback when the run returned
---   with no thread of its own left.  A registration nothing can observe is
---   not wrapped at all.  A timer record that a thread needs past the
---   callback is anchored in the fake request's ngx.ctx under KEY.
+-- * A timer callback runs in a fake request: the trampoline makes its
+--   record, in the frame captured by `ngx.timer.at`/`every` (carried as
+--   extra timer arguments), the fake request's ngx.ctx (as a request's record
+--   is its ctx), so that the record belongs to that one run: ngx_lua drops
+--   it with the fake request however the callback ends (return, error,
+--   ngx.exit), and a later timer -- whose fake request, Lua thread and
+--   address ngx_lua recycles -- cannot reach it.  A registration nothing
+--   can observe is not wrapped at all.
 -- * Outside requests (init_by_lua) one top-level record, and one record per
 --   library coroutine in a weak table.
 --
@@ -63,9 +64,6 @@ local TOKMT = { __name = "async_hooks.token" }
 -- private keys that no user key can collide with, read with rawget where
 -- the record may be a ctx (an SSL-phase ctx is shared through __index).
 local F, ID, TRIG, RES, TH, CO = {}, {}, {}, {}, {}, {}
--- a record that is not the ctx (a timer callback's, when a thread of its
--- own needs it anchored in the fake request) is kept in ngx.ctx under KEY
-local KEY = {}
 
 -- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
 -- from compiling the common case, the first value of an empty frame)
@@ -115,57 +113,23 @@ local function peek()
   local ctx = ctxs[ref]
   if ctx == nil then return nil end
   if rawget(ctx, F) ~= nil then return ctx end
-  return rawget(ctx, KEY)
+  return nil
 end
 if type(ctxs) ~= "table" then
   peek = function()
     if get_request() == nil then return false end
     local ctx = get_ctx_table()
     if rawget(ctx, F) ~= nil then return ctx end
-    return rawget(ctx, KEY)
+    return nil
   end
-end
-
--- Timer callbacks: the record of the callback running in a fake request,
--- kept here by the request's address (not in its ngx.ctx, which would cost
--- a ctx per run; not by Lua thread: coroutine.running() is not compiled)
--- while the callback runs.  A record is valid only in the timer phase.
--- `timer_live` counts the records: callbacks running, or ended without
--- returning (an error, ngx.exit).  While it is not 0, every timer registered
--- through the library starts by removing a record left at its own address
--- (a record there is stale: its timer is over), so the record of a callback
--- that raised is never seen by a later timer that reuses the address.
-local timer_recs = {}
-local timer_live = 0
-local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
-local TIMER_PHASE = 0x0080
--- the address as a Lua number, through 32-bit halves (which the FFI reads
--- as numbers; tonumber of a 64-bit cdata aborts traces here)
-local ptrbox = ffi.new("union { const void *p; uint32_t w[2]; }")
-
-local function addr(r)
-  ptrbox.p = r
-  return ptrbox.w[0] + ptrbox.w[1] * 4294967296
-end
-
-local function timer_rec()
-  if timer_live == 0 then return nil end
-  local r = get_request()
-  local rec = timer_recs[addr(r)]
-  if rec ~= nil and (get_raw_phase == nil or get_raw_phase(r) == TIMER_PHASE) then return rec end
-  return nil
 end
 
 -- a request's state: the record of its entry threads ({frame, id, trigger,
--- res}), `n` records of library threads keyed by their Lua thread.  In a
--- timer callback, its record becomes the state.
+-- res}), `n` records of library threads keyed by their Lua thread.  (A
+-- timer callback's record is made by its trampoline, as the fake request's
+-- ctx.)
 local function new_reqstate()
   local ctx = get_ctx_table()
-  local tr = timer_rec()
-  if tr ~= nil then
-    rawset(ctx, KEY, tr)
-    return tr
-  end
   rawset(ctx, F, EMPTY) -- trigger: absent, read as 1
   return ctx
 end
@@ -192,7 +156,7 @@ local function lookup()
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  return timer_rec()
+  return nil
 end
 
 -- the record of what runs now, made when missing
@@ -623,23 +587,21 @@ local function make_kill(real)
 end
 
 -- timers: every run of the callback is a fake request; the trampoline
--- keeps the callback's record for that run (see timer_rec)
--- start a timer callback's record (replacing a stale one at the address)
-local function timer_start(key, rec)
-  if timer_recs[key] == nil then timer_live = timer_live + 1 end
-  timer_recs[key] = rec
+-- makes the callback's record for that run, as the fake request's ngx.ctx
+-- (get_ctx_table installs the table given when the request has no ctx yet,
+-- which is the case when a callback starts).  ngx_lua unrefs the ctx when
+-- the fake request ends, whichever way the callback ended, and the next
+-- run (the same timer's, or another timer's on the recycled fake request,
+-- Lua thread and address) starts without one.  Not reused from one run to
+-- the next: user code may keep ngx.ctx.
+local function timer_rec(frame, id, trigger, res)
+  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
+  get_ctx_table(rec)
+  return rec
 end
 
-local function timer_stop(key, rec)
-  if timer_recs[key] == rec then
-    timer_recs[key] = nil
-    timer_live = timer_live - 1
-  end
-end
-
-local function timer_end(key, rec, last, tok, ...)
+local function timer_end(rec, last, tok, ...)
   emit_after(rec[ID])
-  timer_stop(key, rec)
   if last and tok ~= nil then
     tok_id[tok] = nil
     B.emit_destroy(rec[ID])
@@ -648,12 +610,10 @@ local function timer_end(key, rec, last, tok, ...)
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
-  local key = addr(get_request())
-  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
-  timer_start(key, rec)
+  local rec = timer_rec(frame, id, trigger, res)
   if dq_n > 0 then flush() end
   emit_before(id)
-  return timer_end(key, rec, once or premature, tok, f(premature, ...))
+  return timer_end(rec, once or premature, tok, f(premature, ...))
 end
 
 -- calls f(p) from a frame with two named locals: ngx.log looks up the name
@@ -666,78 +626,31 @@ end
 
 -- the same without extra arguments: no vararg forwarding, which LuaJIT
 -- does not compile (ngx_lua ignores what a timer callback returns)
--- Records of callbacks that returned with no thread of theirs left (rec.n
--- is 0): nothing refers to them any more (the library's threads started in
--- the callback keep theirs inside it and count in n), so the next callback
--- reuses one instead of making a table (a table per request is ~900
--- instructions with its share of the GC).
-local spare, n_spare = {}, 0
-
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
-  local key = addr(get_request())
-  local rec
-  if n_spare > 0 then
-    rec = spare[n_spare]
-    spare[n_spare] = nil
-    n_spare = n_spare - 1
-    rec[F], rec[ID], rec[TRIG], rec[RES] = frame, id, trigger, res
-  else
-    rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
-  end
-  timer_start(key, rec)
+  timer_rec(frame, id, trigger, res)
   if dq_n > 0 then flush() end
   if n_before > 0 then emit_before(id) end
   call1(f, premature)
   if n_after > 0 then emit_after(id) end
-  timer_stop(key, rec)
-  local th = rec[TH]
-  if (th == nil or th.n == 0) and n_spare < 16 then
-    rec[F], rec[RES] = EMPTY, nil
-    n_spare = n_spare + 1
-    spare[n_spare] = rec
-  end
   if tok ~= nil and (once or premature) then
     tok_id[tok] = nil
     B.emit_destroy(id)
   end
 end
 
--- a timer nobody can observe, registered while a stale record may exist:
--- removes the one at its own address, then runs as it is
-local function clear_stale()
-  local key = addr(get_request())
-  if timer_recs[key] ~= nil then
-    timer_recs[key] = nil
-    timer_live = timer_live - 1
-  end
-end
-
-local function timer_plain(premature, f, ...)
-  clear_stale()
-  return f(premature, ...)
-end
-
-local function timer_plain0(premature, f)
-  clear_stale()
-  return f(premature)
-end
-
 local function make_timer(real, once)
   return function(delay, f, ...)
     if type(f) ~= "function" then return real(delay, f, ...) end
-    local nargs = select("#", ...)
     local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
     if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent[F] == EMPTY) then
-      if timer_live == 0 then return real(delay, f, ...) end
-      if nargs == 0 then return real(delay, timer_plain0, f) end
-      return real(delay, timer_plain, f, ...)
+      return real(delay, f, ...)
     end
     parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
-    if nargs == 0 then
+    if select("#", ...) == 0 then
       ok, err = real(delay, timer_cb0, once, f, parent[F], id, trigger, res, tok)
     else
       ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, ...)
