@@ -27,6 +27,9 @@ local SERVER = table.concat({
   "location /ctx_keys { " .. app("ctx_keys") .. " }",
   "location /scopes { " .. app("scopes") .. " }",
   "location /hooks { " .. app("hooks") .. " }",
+  "location /destroy_begin { " .. app("destroy_begin") .. " }",
+  "location /destroy_work { " .. app("destroy_work") .. " }",
+  "location /destroy_end { " .. app("destroy_end") .. " }",
   "location /ids { " .. app("ids") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
@@ -168,6 +171,17 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       "resource", "init mine table", "before", "after", "destroy",
       "gc", "init collected table", "init next table", "destroy", "destroy",
     }, ","), l[5])
+  end)
+
+  it("destroys queued by finalizers and by the library are all delivered, once, never nil (wrk)", function()
+    assert.are.equal("ok", get("/destroy_begin"))
+    local secs = tonumber(os.getenv("AH_OPENRESTY_SOAK") or "3")
+    local p = io.popen(("wrk -t2 -c16 -d%ds %s 2>&1"):format(secs, srv:url("/destroy_work")))
+    local out = p:read("a")
+    p:close()
+    assert.matches("requests in", out)
+    -- more than 1000 inits; as many destroys; none left; no destroy(nil); none twice
+    assert.are.equal("true true 0 0 0", get("/destroy_end"))
   end)
 
   it("raises the same errors for bad input as on Lua 5.4", function()

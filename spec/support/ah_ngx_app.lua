@@ -482,6 +482,49 @@ function A.hooks()
   ngx.say(concat(out, "\n"))
 end
 
+--- destroys queued by finalizers (AsyncResources left to the GC) while the
+--- library queues and delivers its own (coroutines that end), under load:
+--- none lost, none delivered twice, never destroy(nil)
+local dstress
+function A.destroy_begin()
+  local st = { live = {}, inits = 0, destroys = 0, nils = 0, twice = 0 }
+  st.hook = ah.createHook {
+    init = function(id, type_)
+      if type_ == "gc" or type_ == "coroutine" or type_ == "flush" then
+        st.inits = st.inits + 1
+        st.live[id] = true
+      end
+    end,
+    destroy = function(id)
+      if id == nil then st.nils = st.nils + 1; return end
+      if st.live[id] == nil then return end
+      if st.live[id] == false then st.twice = st.twice + 1; return end
+      st.destroys = st.destroys + 1
+      st.live[id] = false
+    end,
+  }:enable()
+  dstress = st
+  ngx.say("ok")
+end
+
+local noop = function() end
+function A.destroy_work()
+  ah.AsyncResource.new("gc")
+  coroutine.wrap(noop)()
+  ngx.say("ok")
+end
+
+function A.destroy_end()
+  local st = dstress
+  collectgarbage()
+  collectgarbage()
+  ah.AsyncResource.new("flush", { requireManualDestroy = true }):emitDestroy()
+  st.hook:disable()
+  local left = 0
+  for _, v in pairs(st.live) do if v then left = left + 1 end end
+  say { s(st.inits > 1000), s(st.inits == st.destroys), s(left), s(st.nils), s(st.twice) }
+end
+
 --- top-level ids inside a request and install state
 function A.ids()
   local a, b = ah.executionAsyncId(), ah.executionAsyncId()

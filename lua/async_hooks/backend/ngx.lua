@@ -221,7 +221,18 @@ persist.order = order
 local lists = { init = {}, before = {}, after = {}, destroy = {} }
 local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
 local dispatching, dirty = 0, false
-local dqueue, dq_n = {}, 0 -- queued destroys
+-- Queued destroys, in two queues, because a finalizer (__gc) may run
+-- between any two steps of main-line code (under the JIT, also between
+-- `n = n + 1` and `q[n] = id`):
+-- * `dqueue`/`dq_n`: destroys queued by main-line code; finalizers never
+--   touch them.
+-- * `gqueue`: destroys queued by the GC tokens' finalizer, which appends
+--   to the table that `gqueue` names when it runs (finalizers do not nest).
+--   Main-line code never writes into it: flush makes the replacement first,
+--   then swaps (one assignment), then reads the old table up to its first
+--   nil, including what a finalizer appended just before the swap.
+local dqueue, dq_n = {}, 0
+local gqueue = {}
 
 local function rebuild()
   local nl = {}
@@ -261,17 +272,31 @@ local function dispatch(kind, list, a, b, c, d)
   dispatching = dispatching - 1
   if dispatching == 0 then
     if dirty then rebuild() end
-    if dq_n > 0 then flush() end
+    if dq_n > 0 or gqueue[1] ~= nil then flush() end
   end
 end
 
 function flush()
   if dispatching > 0 then return end
-  while dq_n > 0 do
-    local q, n = dqueue, dq_n
-    dqueue, dq_n = {}, 0
-    for i = 1, n do
-      if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+  while true do
+    if dq_n > 0 then
+      local q, n = dqueue, dq_n
+      dqueue, dq_n = {}, 0
+      for i = 1, n do
+        if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+      end
+    elseif gqueue[1] ~= nil then
+      local fresh = {}
+      local q = gqueue
+      gqueue = fresh
+      local i, id = 1, q[1]
+      while id ~= nil do
+        if n_destroy > 0 then dispatch("destroy", lists.destroy, id) end
+        i = i + 1
+        id = q[i]
+      end
+    else
+      return
     end
   end
 end
@@ -337,7 +362,10 @@ local tok_id = setmetatable({}, WEAKK)
 local TOKPROXY = newproxy(true)
 getmetatable(TOKPROXY).__gc = function(p)
   local id = tok_id[p]
-  if id then queue_destroy(id) end
+  if id and n_destroy > 0 then
+    local q = gqueue
+    q[#q + 1] = id
+  end
 end
 
 function B.gc_token(id)
@@ -416,7 +444,7 @@ local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   rawset(rec, TRIG, strig)
   rawset(rec, RES, sres)
   rec[F] = sframe
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   if ok then return ... end
   error((...), 0)
 end
@@ -487,7 +515,7 @@ local function body_start(frame, id, trigger, res, tok)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   emit_before(id)
   return where, co, rec
 end
@@ -611,7 +639,7 @@ end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
   local rec = timer_rec(frame, id, trigger, res)
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   emit_before(id)
   return timer_end(rec, once or premature, tok, f(premature, ...))
 end
@@ -628,7 +656,7 @@ end
 -- does not compile (ngx_lua ignores what a timer callback returns)
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
   timer_rec(frame, id, trigger, res)
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   if n_before > 0 then emit_before(id) end
   call1(f, premature)
   if n_after > 0 then emit_after(id) end
