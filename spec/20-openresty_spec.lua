@@ -30,6 +30,7 @@ local SERVER = table.concat({
   "location /destroy_begin { " .. app("destroy_begin") .. " }",
   "location /destroy_work { " .. app("destroy_work") .. " }",
   "location /destroy_end { " .. app("destroy_end") .. " }",
+  "location /same_errors { " .. app("same_errors") .. " }",
   "location /ids { " .. app("ids") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
@@ -190,6 +191,14 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     local cases = require("support.ah_bad_input")(ah)
     assert.are.same(cases, lines(here))
     assert.are.equal(33, #cases)
+  end)
+
+  it("what ngx_lua refuses (C functions, bad delays) raises its own error at the caller's line, as without the library", function()
+    local l = lines(get("/same_errors"))
+    assert.are.equal(24, #l)
+    for _, x in ipairs(l) do assert.matches("^same ", x) end
+    -- the cases do reach ngx_lua's checks
+    assert.matches("same at%(C function%): error .*ah_ngx_app%.lua:%d+: bad argument #2 to 'at' %(Lua function expected%)", l[5])
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()

@@ -525,6 +525,60 @@ function A.destroy_end()
   say { s(st.inits > 1000), s(st.inits == st.destroys), s(left), s(st.nils), s(st.twice) }
 end
 
+--- rule 5 (each case calls at one line, not in tail position, so that the
+--- error's position is that line): what ngx_lua's coroutine.create/wrap, ngx.thread.spawn and
+--- ngx.timer.at/every refuse (C functions, bad delays, non-functions)
+--- raises the same error at the same position with the library as
+--- without; what they accept returns the same
+local function noop_lua() end
+local callable = setmetatable({}, { __call = noop_lua })
+local same_cases = {
+  { "at(bad delay)", function(L) local a, b = L.at("soon", noop_lua); return a, b end },
+  { "at(nil delay)", function(L) local a, b = L.at(nil, noop_lua); return a, b end },
+  { "at(-1)", function(L) local a, b = L.at(-1, noop_lua); return a, b end },
+  { "at('0.001')", function(L) local a, b = L.at("0.001", noop_lua); return a, b end },
+  { "at(C function)", function(L) local a, b = L.at(0, print); return a, b end },
+  { "at(0)", function(L) local a, b = L.at(0); return a, b end },
+  { "at(0, nil)", function(L) local a, b = L.at(0, nil); return a, b end },
+  { "at()", function(L) local a, b = L.at(); return a, b end },
+  { "at(callable)", function(L) local a, b = L.at(0, callable); return a, b end },
+  { "every(0)", function(L) local a, b = L.every(0, noop_lua); return a, b end },
+  { "every(-1)", function(L) local a, b = L.every(-1, noop_lua); return a, b end },
+  { "every(bad delay)", function(L) local a, b = L.every({}, noop_lua); return a, b end },
+  { "every(C function)", function(L) local a, b = L.every(1, print); return a, b end },
+  { "spawn(C function)", function(L) local a, b = L.spawn(print); return a, b end },
+  { "spawn(42)", function(L) local a, b = L.spawn(42); return a, b end },
+  { "spawn()", function(L) local a, b = L.spawn(); return a, b end },
+  { "spawn(nil)", function(L) local a, b = L.spawn(nil); return a, b end },
+  { "spawn(callable)", function(L) local a, b = L.spawn(callable); return a, b end },
+  { "create(C function)", function(L) local a, b = L.create(print); return a, b end },
+  { "create()", function(L) local a, b = L.create(); return a, b end },
+  { "create(nil)", function(L) local a, b = L.create(nil); return a, b end },
+  { "wrap()", function(L) local a, b = L.wrap(); return a, b end },
+  { "wrap(C function)", function(L) local a, b = L.wrap(print); return a, b end },
+  { "wrap(callable)", function(L) local a, b = L.wrap(callable); return a, b end },
+}
+function A.same_errors()
+  local o = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
+  local orig = { create = o[1], wrap = o[2], spawn = o[4], at = o[6], every = o[7] }
+  local patched = { create = coroutine.create, wrap = coroutine.wrap, spawn = ngx.thread.spawn,
+    at = ngx.timer.at, every = ngx.timer.every }
+  rid:set("non-empty frame") -- so that the wrappers do their work
+  local hook = ah.createHook { init = noop_lua }:enable()
+  local function show(ok, a, b)
+    if ok then return "ok " .. type(a) .. " " .. type(b) end
+    return "error " .. tostring(a)
+  end
+  local out = {}
+  for _, c in ipairs(same_cases) do
+    local without = show(pcall(c[2], orig))
+    local with = show(pcall(c[2], patched))
+    out[#out + 1] = (without == with and "same " or "DIFFERENT ") .. c[1] .. ": " .. without .. " | " .. with
+  end
+  hook:disable()
+  ngx.say(concat(out, "\n"))
+end
+
 --- top-level ids inside a request and install state
 function A.ids()
   local a, b = ah.executionAsyncId(), ah.executionAsyncId()

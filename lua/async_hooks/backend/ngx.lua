@@ -520,6 +520,27 @@ local function body_start(frame, id, trigger, res, tok)
   return where, co, rec
 end
 
+-- Whether f is a Lua function: ngx_lua's coroutine.create/wrap,
+-- ngx.thread.spawn and ngx.timer.at/every take nothing else ("Lua function
+-- expected"); anything else goes to them as it is, in tail position, so that
+-- their own error comes out at the caller's line.  jit.util.funcbc raises
+-- for anything but a Lua function and allocates nothing (debug.getinfo
+-- costs a table and strings).
+local is_luafn
+do
+  local ok, jutil = pcall(require, "jit.util")
+  local funcbc = ok and type(jutil) == "table" and jutil.funcbc
+  if funcbc then
+    is_luafn = function(f)
+      return type(f) == "function" and (pcall(funcbc, f, 0))
+    end
+  else
+    is_luafn = function(f)
+      return type(f) == "function" and debug.getinfo(f, "S").what ~= "C"
+    end
+  end
+end
+
 -- the coroutine functions ours call: ngx_lua's (as found at install)
 local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 
@@ -557,8 +578,9 @@ local function co_yield(...)
   return std.yield(...)
 end
 
-local function co_create(f)
-  if type(f) ~= "function" then return std.create(f) end
+local function co_create(...)
+  local f = ...
+  if not is_luafn(f) then return std.create(...) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
   local co = std.create(co_body(f, parent[F], id, trigger, res, tok))
@@ -566,8 +588,9 @@ local function co_create(f)
   return co
 end
 
-local function co_wrap(f)
-  if type(f) ~= "function" then return std.wrap(f) end
+local function co_wrap(...)
+  local f = ...
+  if not is_luafn(f) then return std.wrap(...) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
   return std.wrap(co_body(f, parent[F], id, trigger, res, tok))
@@ -586,11 +609,12 @@ local function thread_body(f, frame, id, trigger, res, tok, ...)
 end
 
 local function make_spawn(real)
-  return function(f, ...)
-    if type(f) ~= "function" then return real(f, ...) end
+  return function(...)
+    local f = ...
+    if not is_luafn(f) then return real(...) end
     local parent = current()
     local id, trigger, res, tok = new_resource(parent, "ngx.thread")
-    return real(thread_body, f, parent[F], id, trigger, res, tok, ...)
+    return real(thread_body, f, parent[F], id, trigger, res, tok, select(2, ...))
   end
 end
 
@@ -667,21 +691,30 @@ local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
 end
 
 local function make_timer(real, once)
-  return function(delay, f, ...)
-    if type(f) ~= "function" then return real(delay, f, ...) end
+  -- (...) rather than (delay, f, ...): what is passed on as it is keeps its
+  -- number of arguments (ngx_lua says "expecting at least 2 arguments")
+  return function(...)
+    local delay, f = ...
+    if type(f) ~= "function" then return real(...) end
     local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
     if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent[F] == EMPTY) then
-      return real(delay, f, ...)
+      return real(...)
     end
+    -- what ngx_lua refuses with an error (a C function, a delay that is
+    -- not a number, negative, or 0 for every) goes to it as it is
+    if not is_luafn(f) then return real(...) end
+    local d = delay
+    if type(d) ~= "number" then d = tonumber(d) end
+    if d == nil or d < 0 or (d == 0 and not once) then return real(...) end
     parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
-    if select("#", ...) == 0 then
+    if select("#", ...) == 2 then
       ok, err = real(delay, timer_cb0, once, f, parent[F], id, trigger, res, tok)
     else
-      ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, ...)
+      ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, select(3, ...))
     end
     if not ok and tok ~= nil then -- never runs
       tok_id[tok] = nil
