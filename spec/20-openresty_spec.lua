@@ -31,6 +31,7 @@ local SERVER = table.concat({
   "location /destroy_work { " .. app("destroy_work") .. " }",
   "location /destroy_end { " .. app("destroy_end") .. " }",
   "location /same_errors { " .. app("same_errors") .. " }",
+  "location /scope_yield { " .. app("scope_yield") .. " }",
   "location /ids { " .. app("ids") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
@@ -183,6 +184,14 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     assert.matches("requests in", out)
     -- more than 1000 inits; as many destroys; none left; no destroy(nil); none twice
     assert.are.equal("true true 0 0 0", get("/destroy_end"))
+  end)
+
+  it("scopes open in a coroutine get after at its yield and before at its resume, nested in the coroutine's", function()
+    assert.are.equal(table.concat({
+      "before(coroutine) before(outer) before(inner) after(inner) after(outer) after(coroutine) |resumer|",
+      "before(coroutine) before(outer) before(inner) in:inner after(inner) after(outer) after(coroutine) |resumer|",
+      "before(coroutine) before(outer) in:outer after(outer) after(coroutine) |resumer|",
+    }, " "), get("/scope_yield"))
   end)
 
   it("raises the same errors for bad input as on Lua 5.4", function()

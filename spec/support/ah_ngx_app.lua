@@ -579,6 +579,38 @@ function A.same_errors()
   ngx.say(concat(out, "\n"))
 end
 
+--- a scope open in a library coroutine across coroutine.yield: `after` at
+--- the yield (innermost first, then the coroutine's), `before` again at the
+--- resume (the coroutine's, then outermost first); the resumer runs in its
+--- own context meanwhile
+function A.scope_yield()
+  local log, names = {}, {}
+  local hook = ah.createHook {
+    init = function(id, t) names[id] = t end,
+    before = function(id) if names[id] then log[#log + 1] = "before(" .. names[id] .. ")" end end,
+    after = function(id) if names[id] then log[#log + 1] = "after(" .. names[id] .. ")" end end,
+  }:enable()
+  local outer = ah.AsyncResource.new("outer", { requireManualDestroy = true })
+  local inner = ah.AsyncResource.new("inner", { requireManualDestroy = true })
+  local co = coroutine.create(function()
+    outer:runInAsyncScope(function()
+      inner:runInAsyncScope(function()
+        coroutine.yield()
+        log[#log + 1] = "in:" .. (ah.executionAsyncId() == inner:asyncId() and "inner" or "?")
+      end)
+      coroutine.yield()
+      log[#log + 1] = "in:" .. (ah.executionAsyncId() == outer:asyncId() and "outer" or "?")
+    end)
+  end)
+  local mine = ah.executionAsyncId()
+  for _ = 1, 3 do
+    coroutine.resume(co)
+    log[#log + 1] = "|" .. (ah.executionAsyncId() == mine and "resumer" or "?") .. "|"
+  end
+  hook:disable()
+  say(log)
+end
+
 --- top-level ids inside a request and install state
 function A.ids()
   local a, b = ah.executionAsyncId(), ah.executionAsyncId()

@@ -64,6 +64,10 @@ local TOKMT = { __name = "async_hooks.token" }
 -- private keys that no user key can collide with, read with rawget where
 -- the record may be a ctx (an SSL-phase ctx is shared through __index).
 local F, ID, TRIG, RES, TH, CO = {}, {}, {}, {}, {}, {}
+-- a library coroutine's record: COID its own asyncId (ID is the scope's
+-- while a runInAsyncScope runs in it), SCOPES the ids of the scopes open in
+-- it, outermost first ({n = count}, made by the first scope)
+local COID, SCOPES = {}, {}
 
 -- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
 -- from compiling the common case, the first value of an empty frame)
@@ -440,6 +444,11 @@ end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
+  local sc = rawget(rec, SCOPES)
+  if sc ~= nil then
+    sc[sc.n] = nil
+    sc.n = sc.n - 1
+  end
   rawset(rec, ID, sid)
   rawset(rec, TRIG, strig)
   rawset(rec, RES, sres)
@@ -456,6 +465,16 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   rawset(rec, TRIG, trigger)
   rawset(rec, RES, resource)
   rec[F] = frame
+  -- in a library coroutine: the scope is open in it (see co_yield)
+  if rawget(rec, COID) ~= nil then
+    local sc = rec[SCOPES]
+    if sc == nil then
+      sc = { n = 0 }
+      rec[SCOPES] = sc
+    end
+    sc.n = sc.n + 1
+    sc[sc.n] = id
+  end
   emit_before(id)
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
@@ -547,7 +566,7 @@ local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
     local where, co, rec = body_start(frame, id, trigger, res, tok)
-    rec.coro = true
+    rec[COID] = id
     return body_done(where, co, rec, f(...))
   end
 end
@@ -555,8 +574,15 @@ end
 -- coroutine.yield: `after` when a library coroutine yields, `before` when it
 -- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
 -- make are not visible)
+-- Scopes (runInAsyncScope) open in the coroutine get their `after` at the
+-- yield, innermost first, after which the coroutine's own; at the resume
+-- the coroutine's `before`, then theirs, outermost first (SPEC 3.1).
 local function resumed(rec, ...)
-  emit_before(rec[ID])
+  emit_before(rec[COID])
+  local sc = rec[SCOPES]
+  if sc ~= nil then
+    for i = 1, sc.n do emit_before(sc[i]) end
+  end
   return ...
 end
 
@@ -570,8 +596,12 @@ local function co_yield(...)
     elseif rs == false and co then
       rec = top_threads[co]
     end
-    if rec and rec.coro then
-      emit_after(rec[ID])
+    if rec and rec[COID] ~= nil then
+      local sc = rec[SCOPES]
+      if sc ~= nil then
+        for i = sc.n, 1, -1 do emit_after(sc[i]) end
+      end
+      emit_after(rec[COID])
       return resumed(rec, std.yield(...))
     end
   end
