@@ -14,6 +14,14 @@ local SERVER = table.concat({
       header_filter_by_lua_block { require('ah_ngx_app').phase_header_filter() }
       log_by_lua_block { require('ah_ngx_app').phase_log() }
     }]],
+  [[location /exitok {
+      rewrite_by_lua_block { require('ah_ngx_app').exitok_rewrite() }
+      access_by_lua_block { require('ah_ngx_app').exitok_access() }
+      content_by_lua_block { require('ah_ngx_app').exitok_content() }
+      header_filter_by_lua_block { require('ah_ngx_app').exitok_header_filter() }
+      log_by_lua_block { require('ah_ngx_app').exitok_log() }
+    }]],
+  "location /exitok_read { " .. app("exitok_read") .. " }",
   "location /phase_read { " .. app("phase_read") .. " }",
   "location /recycle { " .. app("recycle") .. " }",
   "location /recycle_stats { " .. app("recycle_stats") .. " }",
@@ -105,6 +113,16 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     end
     for i = 1, 3 do
       assert.are.equal(("r-%d|r-%d+a"):format(i, i), get("/phase_read?id=" .. i))
+    end
+  end)
+
+  it("ngx.exit inside scopes: the next phase runs in the request's context, the abandoned scope gets its after", function()
+    for i = 1, 3 do
+      local res = srv:get_many({ "/exitok?id=" .. i })[1]
+      assert.are.equal(200, res[1], res[2])
+      assert.are.equal("req-" .. i .. " dflt true before,after\n", res[2])
+      assert.matches("\r\nX%-Rid: in%-content\r\n", res[3])
+      assert.are.equal("req-" .. i .. " dflt", get("/exitok_read?id=" .. i))
     end
   end)
 

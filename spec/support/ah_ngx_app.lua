@@ -611,6 +611,56 @@ function A.scope_yield()
   say(log)
 end
 
+--- ngx.exit inside scopes abandons the handler's thread without unwinding:
+--- the next phase finds the request's context as it was before the scopes
+--- (value, ids) and the abandoned runInAsyncScope gets its `after`;
+--- header filters that run inside a handler's scope (inside ngx.say) still
+--- see it
+local exit_log
+function A.exitok_rewrite()
+  rid:set("req-" .. arg("id"))
+  ngx.ctx.ids = ah.executionAsyncId() .. "/" .. ah.triggerAsyncId()
+  exit_log = {}
+  local hook = ah.createHook {
+    before = function(id) if id == ngx.ctx.res_id then exit_log[#exit_log + 1] = "before" end end,
+    after = function(id) if id == ngx.ctx.res_id then exit_log[#exit_log + 1] = "after" end end,
+  }:enable()
+  ngx.ctx.hook = hook
+end
+
+function A.exitok_access()
+  local r = ah.AsyncResource.new("auth", { requireManualDestroy = true })
+  ngx.ctx.res_id = r:asyncId()
+  rid:run("admin", function()
+    r:runInAsyncScope(function()
+      other:set("in-scope")
+      ngx.exit(ngx.OK) -- go on with the content phase
+    end)
+  end)
+end
+
+function A.exitok_content()
+  local ids = ah.executionAsyncId() .. "/" .. ah.triggerAsyncId()
+  local line = concat({ rid:get(), other:get(), s(ids == ngx.ctx.ids), concat(exit_log, ",") }, " ")
+  ngx.ctx.hook:disable()
+  rid:run("in-content", function()
+    ngx.say(line) -- the header filter runs in here
+    ngx.exit(ngx.HTTP_OK)
+  end)
+end
+
+function A.exitok_header_filter()
+  ngx.header["X-Rid"] = rid:get()
+end
+
+function A.exitok_log()
+  ngx.shared.ah:set("exitok" .. arg("id"), rid:get() .. " " .. other:get())
+end
+
+function A.exitok_read()
+  say { s(ngx.shared.ah:get("exitok" .. arg("id"))) }
+end
+
 --- top-level ids inside a request and install state
 function A.ids()
   local a, b = ah.executionAsyncId(), ah.executionAsyncId()

@@ -108,6 +108,30 @@ local ffi = require("ffi")
 local get_ctx_ref = ffi.C.ngx_http_lua_ffi_get_ctx_ref -- declared by resty.core.ctx
 local ctxs = registry.ngx_lua_ctx_tables
 
+-- Scopes (run, Snapshot:run, runInAsyncScope, bound functions) open on a
+-- request's record: OPEN is {n = count, phase = the phase they were opened
+-- in, f/id/trig/res = the record's state before the outermost, [i] = the
+-- asyncId of the i-th when it is a runInAsyncScope, else false}, absent
+-- when none is open.  ngx.exit (ngx.OK in rewrite/access: "go on with the
+-- next phase"; any status before the log phase) abandons the handler's
+-- thread without unwinding: its scopes never close.  A later phase of the request finds
+-- OPEN from another phase, gives the abandoned runInAsyncScope scopes their
+-- `after` (innermost first) and restores the state saved before the
+-- outermost.  Header/body filters and the balancer run nested inside a
+-- handler (inside ngx.say, ngx.flush, a proxied subrequest): the handler's
+-- scopes are still open there.
+local OPEN = {}
+local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
+local function phase_now(r)
+  if get_raw_phase ~= nil then return get_raw_phase(r) end
+  return ngx.get_phase()
+end
+local NESTED = {
+  [0x0020] = true, [0x0040] = true, [0x0200] = true,
+  header_filter = true, body_filter = true, balancer = true,
+}
+local abandoned -- (r, rec), below (it emits `after`)
+
 -- the request's state if it has one yet: rs, or nil; false outside requests
 local function peek()
   local r = get_request()
@@ -116,14 +140,21 @@ local function peek()
   if ref < 0 then return nil end
   local ctx = ctxs[ref]
   if ctx == nil then return nil end
-  if rawget(ctx, F) ~= nil then return ctx end
+  if rawget(ctx, F) ~= nil then
+    if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
+    return ctx
+  end
   return nil
 end
 if type(ctxs) ~= "table" then
   peek = function()
-    if get_request() == nil then return false end
+    local r = get_request()
+    if r == nil then return false end
     local ctx = get_ctx_table()
-    if rawget(ctx, F) ~= nil then return ctx end
+    if rawget(ctx, F) ~= nil then
+      if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
+      return ctx
+    end
     return nil
   end
 end
@@ -421,7 +452,50 @@ function B.setter(method, class)
   end
 end
 
+-- a later phase found scopes open from another phase (see OPEN, at peek)
+function abandoned(r, rec)
+  local open = rawget(rec, OPEN)
+  local ph = phase_now(r)
+  if ph == open.phase or NESTED[ph] then return end
+  rawset(rec, OPEN, nil)
+  for i = open.n, 1, -1 do
+    local sid = open[i]
+    if sid then emit_after(sid) end
+  end
+  rec[F] = open.f
+  rawset(rec, ID, open.id)
+  rawset(rec, TRIG, open.trig)
+  rawset(rec, RES, open.res)
+end
+
+-- a scope opens on `rec` (OPEN, at peek); `sid` its asyncId or false
+local function open_scope(rec, sid)
+  if rec == TOP or rawget(rec, CO) ~= nil then return end -- not a request's
+  local open = rawget(rec, OPEN)
+  if open == nil then
+    open = { n = 0, phase = phase_now(get_request()), f = rec[F],
+      id = rawget(rec, ID), trig = rawget(rec, TRIG), res = rawget(rec, RES) }
+    rawset(rec, OPEN, open)
+  end
+  local n = open.n + 1
+  open.n = n
+  open[n] = sid
+end
+
+local function close_scope(rec)
+  local open = rawget(rec, OPEN)
+  if open == nil then return end
+  local n = open.n
+  if n <= 1 then
+    rawset(rec, OPEN, nil)
+  else
+    open[n] = nil
+    open.n = n - 1
+  end
+end
+
 local function restore_frame(rec, saved, ok, ...)
+  close_scope(rec)
   rec[F] = saved
   if ok then return ... end
   error((...), 0)
@@ -430,6 +504,7 @@ end
 function B.run_with(obj, value, fn, ...)
   local rec = current()
   local saved = rec[F]
+  open_scope(rec, false)
   rec[F] = with(saved, obj[1], value)
   value = nil -- luacheck: ignore 311 (the frame holds it: see lua54.lua)
   return restore_frame(rec, saved, pcall(fn, ...))
@@ -438,12 +513,14 @@ end
 function B.run_in_frame(frame, fn, ...)
   local rec = current()
   local saved = rec[F]
+  open_scope(rec, false)
   rec[F] = frame
   return restore_frame(rec, saved, pcall(fn, ...))
 end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
+  close_scope(rec)
   local sc = rawget(rec, SCOPES)
   if sc ~= nil then
     sc[sc.n] = nil
@@ -461,6 +538,7 @@ end
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   local rec = current()
   local sid, strig, sres, sframe = rawget(rec, ID), rawget(rec, TRIG), rawget(rec, RES), rec[F]
+  open_scope(rec, id)
   rawset(rec, ID, id)
   rawset(rec, TRIG, trigger)
   rawset(rec, RES, resource)
