@@ -622,19 +622,24 @@ end
 -- expected"); anything else goes to them as it is, in tail position, so that
 -- their own error comes out at the caller's line.  jit.util.funcbc raises
 -- for anything but a Lua function and allocates nothing (debug.getinfo
--- costs a table and strings).
+-- costs a table and strings); the functions found so are remembered (weak
+-- keys), as a module's callback is registered again and again and a C
+-- function called through pcall ends the trace.
 local is_luafn
 do
   local ok, jutil = pcall(require, "jit.util")
   local funcbc = ok and type(jutil) == "table" and jutil.funcbc
-  if funcbc then
-    is_luafn = function(f)
-      return type(f) == "function" and (pcall(funcbc, f, 0))
+  local known = setmetatable({}, WEAKK)
+  is_luafn = function(f)
+    if known[f] then return true end
+    if type(f) ~= "function" then return false end
+    if funcbc then
+      if not pcall(funcbc, f, 0) then return false end
+    elseif debug.getinfo(f, "S").what == "C" then
+      return false
     end
-  else
-    is_luafn = function(f)
-      return type(f) == "function" and debug.getinfo(f, "S").what ~= "C"
-    end
+    known[f] = true
+    return true
   end
 end
 
