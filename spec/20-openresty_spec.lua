@@ -40,6 +40,7 @@ local SERVER = table.concat({
   "location /destroy_end { " .. app("destroy_end") .. " }",
   "location /same_errors { " .. app("same_errors") .. " }",
   "location /scope_yield { " .. app("scope_yield") .. " }",
+  "location /destroy_in_scope { " .. app("destroy_in_scope") .. " }",
   "location /ids { " .. app("ids") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
@@ -210,6 +211,14 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       "before(coroutine) before(outer) before(inner) in:inner after(inner) after(outer) after(coroutine) |resumer|",
       "before(coroutine) before(outer) in:outer after(outer) after(coroutine) |resumer|",
     }, " "), get("/scope_yield"))
+  end)
+
+  it("emitDestroy inside the resource's own scope: destroy follows the scope's last after", function()
+    assert.are.equal(table.concat({
+      "before(r) before(r) inner after(r) body after(r) destroy(r) |",
+      "before(coroutine) before(r2) after(r2) after(coroutine) |",
+      "before(coroutine) before(r2) after(r2) destroy(r2) after(coroutine) destroy(coroutine)",
+    }, " "), get("/destroy_in_scope"))
   end)
 
   it("raises the same errors for bad input as on Lua 5.4", function()

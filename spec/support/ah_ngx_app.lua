@@ -661,6 +661,37 @@ function A.exitok_read()
   say { s(ngx.shared.ah:get("exitok" .. arg("id"))) }
 end
 
+--- emitDestroy inside the resource's own runInAsyncScope (also one that
+--- spans a yield of a coroutine): destroy follows the scope's last after
+function A.destroy_in_scope()
+  local log, names = {}, {}
+  local hook = ah.createHook {
+    init = function(id, t) names[id] = t end,
+    before = function(id) if names[id] then log[#log + 1] = "before(" .. names[id] .. ")" end end,
+    after = function(id) if names[id] then log[#log + 1] = "after(" .. names[id] .. ")" end end,
+    destroy = function(id) if names[id] then log[#log + 1] = "destroy(" .. names[id] .. ")" end end,
+  }:enable()
+  local r = ah.AsyncResource.new("r")
+  r:runInAsyncScope(function()
+    r:emitDestroy()
+    r:runInAsyncScope(function() log[#log + 1] = "inner" end)
+    log[#log + 1] = "body"
+  end)
+  log[#log + 1] = "|"
+  local r2 = ah.AsyncResource.new("r2")
+  local co = coroutine.wrap(function()
+    r2:runInAsyncScope(function()
+      coroutine.yield()
+      r2:emitDestroy()
+    end)
+  end)
+  co()
+  log[#log + 1] = "|"
+  co()
+  hook:disable()
+  say(log)
+end
+
 --- top-level ids inside a request and install state
 function A.ids()
   local a, b = ah.executionAsyncId(), ah.executionAsyncId()

@@ -355,7 +355,19 @@ local function emit_after(id)
   if n_after > 0 then dispatch("after", lists.after, id) end
 end
 
-function B.emit_destroy(id)
+-- runInAsyncScope scopes open per asyncId, and the destroys asked for
+-- (emitDestroy) while some were open: held until the last closes, so that
+-- destroy follows the last `after` (the GC token, `true` when none, stays
+-- armed meanwhile: it delivers the destroy if the scopes never close)
+local scopes_open, held = {}, {}
+
+-- `res`, `tok`: an AsyncResource and its GC token (api.lua); false when
+-- the destroy is held
+function B.emit_destroy(id, res, tok) -- luacheck: ignore 212/res
+  if scopes_open[id] ~= nil then
+    held[id] = tok or true
+    return false
+  end
   if n_destroy > 0 then
     queue_destroy(id)
     flush()
@@ -413,6 +425,30 @@ function B.gc_token_cancel(tok)
   tok_id[tok] = nil
 end
 
+local function scope_enter(id)
+  scopes_open[id] = (scopes_open[id] or 0) + 1
+end
+
+-- a scope of `id` closed (or was abandoned): a held destroy is queued when
+-- it was the last (the caller flushes)
+local function scope_exit(id)
+  local n = (scopes_open[id] or 1) - 1
+  if n > 0 then
+    scopes_open[id] = n
+    return
+  end
+  scopes_open[id] = nil
+  local tok = held[id]
+  if tok ~= nil then
+    held[id] = nil
+    if tok ~= true then
+      if tok_id[tok] == nil then return end -- already delivered by the GC
+      tok_id[tok] = nil
+    end
+    queue_destroy(id)
+  end
+end
+
 ---------------------------------------------------------------------------
 -- values and scopes
 ---------------------------------------------------------------------------
@@ -460,12 +496,16 @@ function abandoned(r, rec)
   rawset(rec, OPEN, nil)
   for i = open.n, 1, -1 do
     local sid = open[i]
-    if sid then emit_after(sid) end
+    if sid then
+      emit_after(sid)
+      scope_exit(sid)
+    end
   end
   rec[F] = open.f
   rawset(rec, ID, open.id)
   rawset(rec, TRIG, open.trig)
   rawset(rec, RES, open.res)
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
 end
 
 -- a scope opens on `rec` (OPEN, at peek); `sid` its asyncId or false
@@ -520,6 +560,7 @@ end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
+  scope_exit(id)
   close_scope(rec)
   local sc = rawget(rec, SCOPES)
   if sc ~= nil then
@@ -553,6 +594,7 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
     sc.n = sc.n + 1
     sc[sc.n] = id
   end
+  scope_enter(id)
   emit_before(id)
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
