@@ -14,6 +14,14 @@ local SERVER = table.concat({
       header_filter_by_lua_block { require('ah_ngx_app').phase_header_filter() }
       log_by_lua_block { require('ah_ngx_app').phase_log() }
     }]],
+  [[location /exitok {
+      rewrite_by_lua_block { require('ah_ngx_app').exitok_rewrite() }
+      access_by_lua_block { require('ah_ngx_app').exitok_access() }
+      content_by_lua_block { require('ah_ngx_app').exitok_content() }
+      header_filter_by_lua_block { require('ah_ngx_app').exitok_header_filter() }
+      log_by_lua_block { require('ah_ngx_app').exitok_log() }
+    }]],
+  "location /exitok_read { " .. app("exitok_read") .. " }",
   "location /phase_read { " .. app("phase_read") .. " }",
   "location /recycle { " .. app("recycle") .. " }",
   "location /recycle_stats { " .. app("recycle_stats") .. " }",
@@ -22,10 +30,17 @@ local SERVER = table.concat({
   "location /timers { " .. app("timers") .. " }",
   "location /timer_error { " .. app("timer_error") .. " }",
   "location /timer_after_error { " .. app("timer_after_error") .. " }",
+  "location /timer_stale { " .. app("timer_stale") .. " }",
   "location /timer_reuse { " .. app("timer_reuse") .. " }",
   "location /ctx_keys { " .. app("ctx_keys") .. " }",
   "location /scopes { " .. app("scopes") .. " }",
   "location /hooks { " .. app("hooks") .. " }",
+  "location /destroy_begin { " .. app("destroy_begin") .. " }",
+  "location /destroy_work { " .. app("destroy_work") .. " }",
+  "location /destroy_end { " .. app("destroy_end") .. " }",
+  "location /same_errors { " .. app("same_errors") .. " }",
+  "location /scope_yield { " .. app("scope_yield") .. " }",
+  "location /destroy_in_scope { " .. app("destroy_in_scope") .. " }",
   "location /ids { " .. app("ids") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
@@ -102,6 +117,16 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     end
   end)
 
+  it("ngx.exit inside scopes: the next phase runs in the request's context, the abandoned scope gets its after", function()
+    for i = 1, 3 do
+      local res = srv:get_many({ "/exitok?id=" .. i })[1]
+      assert.are.equal(200, res[1], res[2])
+      assert.are.equal("req-" .. i .. " dflt true before,after\n", res[2])
+      assert.matches("\r\nX%-Rid: in%-content\r\n", res[3])
+      assert.are.equal("req-" .. i .. " dflt", get("/exitok_read?id=" .. i))
+    end
+  end)
+
   it("never hands a request's values to the next request on a recycled Lua thread", function()
     for i = 1, 40 do
       assert.are.equal(("nil dflt %d"):format(i), get("/recycle?id=" .. i))
@@ -130,6 +155,12 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       assert.are.equal("0 0 nil " .. i, get("/timer_after_error?id=" .. i))
     end
     assert.matches("expected%-boom 5", srv:errors())
+  end)
+
+  it("a timer never sees the record of a callback that raised or called ngx.exit, however it was registered", function()
+    for i = 1, 3 do
+      assert.are.equal("1 14 0 0 secret-" .. i, get("/timer_stale?id=" .. i))
+    end
   end)
 
   it("keeps the request's record in ngx.ctx under private keys, whatever the user keeps there", function()
@@ -163,12 +194,47 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     }, ","), l[5])
   end)
 
+  it("destroys queued by finalizers and by the library are all delivered, once, never nil (wrk)", function()
+    assert.are.equal("ok", get("/destroy_begin"))
+    local secs = tonumber(os.getenv("AH_OPENRESTY_SOAK") or "3")
+    local p = io.popen(("wrk -t2 -c16 -d%ds %s 2>&1"):format(secs, srv:url("/destroy_work")))
+    local out = p:read("a")
+    p:close()
+    assert.matches("requests in", out)
+    -- more than 1000 inits; as many destroys; none left; no destroy(nil); none twice
+    assert.are.equal("true true 0 0 0", get("/destroy_end"))
+  end)
+
+  it("scopes open in a coroutine get after at its yield and before at its resume, nested in the coroutine's", function()
+    assert.are.equal(table.concat({
+      "before(coroutine) before(outer) before(inner) after(inner) after(outer) after(coroutine) |resumer|",
+      "before(coroutine) before(outer) before(inner) in:inner after(inner) after(outer) after(coroutine) |resumer|",
+      "before(coroutine) before(outer) in:outer after(outer) after(coroutine) |resumer|",
+    }, " "), get("/scope_yield"))
+  end)
+
+  it("emitDestroy inside the resource's own scope: destroy follows the scope's last after", function()
+    assert.are.equal(table.concat({
+      "before(r) before(r) inner after(r) body after(r) destroy(r) |",
+      "before(coroutine) before(r2) after(r2) after(coroutine) |",
+      "before(coroutine) before(r2) after(r2) destroy(r2) after(coroutine) destroy(coroutine)",
+    }, " "), get("/destroy_in_scope"))
+  end)
+
   it("raises the same errors for bad input as on Lua 5.4", function()
     local here = get("/bad_input")
     local ah = require("async_hooks")
     local cases = require("support.ah_bad_input")(ah)
     assert.are.same(cases, lines(here))
     assert.are.equal(33, #cases)
+  end)
+
+  it("what ngx_lua refuses (C functions, bad delays) raises its own error at the caller's line, as without the library", function()
+    local l = lines(get("/same_errors"))
+    assert.are.equal(24, #l)
+    for _, x in ipairs(l) do assert.matches("^same ", x) end
+    -- the cases do reach ngx_lua's checks
+    assert.matches("same at%(C function%): error .*ah_ngx_app%.lua:%d+: bad argument #2 to 'at' %(Lua function expected%)", l[5])
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()

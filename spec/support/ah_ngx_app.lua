@@ -255,6 +255,50 @@ function A.timer_after_error()
   say { s(left), s(d:get("stale") or 0), s(rid:get()), id }
 end
 
+--- timers that run after a callback raised or called ngx.exit (ngx_lua
+--- recycles the fake request's memory and the Lua thread) see nothing of
+--- it, also when they were registered unobservably (empty frame, no hook:
+--- not wrapped) or through ngx.timer.at/every saved before install()
+function A.timer_stale()
+  local d = ngx.shared.ah
+  local id = arg("id")
+  local originals = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
+  local saved_at, saved_every = originals[6], originals[7]
+  local n, left = 0, 0
+  local function probe(premature)
+    if premature then return end
+    local v, trig = rid:get(), ah.triggerAsyncId()
+    if v ~= nil or trig ~= 1 then d:incr("stale" .. id, 1, 0) end
+    rid:set("mine") -- must stay with this run
+    n = n + 1
+    left = left - 1
+  end
+  -- registered before anything else: no hook, the empty frame
+  for _ = 1, 4 do
+    left = left + 1
+    ngx.timer.at(0.02, probe)
+    left = left + 1
+    saved_at(0.02, probe)
+  end
+  local every = 0
+  local ok = saved_every(0.005, function(premature)
+    if premature or every >= 6 then return end
+    every = every + 1
+    probe()
+  end)
+  left = left + 6
+  rid:set("secret-" .. id)
+  other:set("other-" .. id)
+  ngx.timer.at(0, function() error("expected-boom stale " .. id) end)
+  ngx.timer.at(0, function() ngx.exit(0) end)
+  ngx.timer.at(0.001, function() rid:set("x"); error("expected-boom stale2 " .. id) end)
+  for _ = 1, 500 do
+    if left == 0 then break end
+    ngx.sleep(0.002)
+  end
+  say { s(ok), s(n), s(left), s(d:get("stale" .. id) or 0), rid:get() }
+end
+
 --- the request's record is its ngx.ctx: the user's own keys (even named
 --- like the record's fields) neither disturb it nor get touched, also when
 --- ngx.ctx has an __index metatable
@@ -436,6 +480,216 @@ function A.hooks()
   hook:disable()
   out[#out + 1] = concat(log, ",")
   ngx.say(concat(out, "\n"))
+end
+
+--- destroys queued by finalizers (AsyncResources left to the GC) while the
+--- library queues and delivers its own (coroutines that end), under load:
+--- none lost, none delivered twice, never destroy(nil)
+local dstress
+function A.destroy_begin()
+  local st = { live = {}, inits = 0, destroys = 0, nils = 0, twice = 0 }
+  st.hook = ah.createHook {
+    init = function(id, type_)
+      if type_ == "gc" or type_ == "coroutine" or type_ == "flush" then
+        st.inits = st.inits + 1
+        st.live[id] = true
+      end
+    end,
+    destroy = function(id)
+      if id == nil then st.nils = st.nils + 1; return end
+      if st.live[id] == nil then return end
+      if st.live[id] == false then st.twice = st.twice + 1; return end
+      st.destroys = st.destroys + 1
+      st.live[id] = false
+    end,
+  }:enable()
+  dstress = st
+  ngx.say("ok")
+end
+
+local noop = function() end
+function A.destroy_work()
+  ah.AsyncResource.new("gc")
+  coroutine.wrap(noop)()
+  ngx.say("ok")
+end
+
+function A.destroy_end()
+  local st = dstress
+  collectgarbage()
+  collectgarbage()
+  ah.AsyncResource.new("flush", { requireManualDestroy = true }):emitDestroy()
+  st.hook:disable()
+  local left = 0
+  for _, v in pairs(st.live) do if v then left = left + 1 end end
+  say { s(st.inits > 1000), s(st.inits == st.destroys), s(left), s(st.nils), s(st.twice) }
+end
+
+--- rule 5 (each case calls at one line, not in tail position, so that the
+--- error's position is that line): what ngx_lua's coroutine.create/wrap, ngx.thread.spawn and
+--- ngx.timer.at/every refuse (C functions, bad delays, non-functions)
+--- raises the same error at the same position with the library as
+--- without; what they accept returns the same
+local function noop_lua() end
+local callable = setmetatable({}, { __call = noop_lua })
+local same_cases = {
+  { "at(bad delay)", function(L) local a, b = L.at("soon", noop_lua); return a, b end },
+  { "at(nil delay)", function(L) local a, b = L.at(nil, noop_lua); return a, b end },
+  { "at(-1)", function(L) local a, b = L.at(-1, noop_lua); return a, b end },
+  { "at('0.001')", function(L) local a, b = L.at("0.001", noop_lua); return a, b end },
+  { "at(C function)", function(L) local a, b = L.at(0, print); return a, b end },
+  { "at(0)", function(L) local a, b = L.at(0); return a, b end },
+  { "at(0, nil)", function(L) local a, b = L.at(0, nil); return a, b end },
+  { "at()", function(L) local a, b = L.at(); return a, b end },
+  { "at(callable)", function(L) local a, b = L.at(0, callable); return a, b end },
+  { "every(0)", function(L) local a, b = L.every(0, noop_lua); return a, b end },
+  { "every(-1)", function(L) local a, b = L.every(-1, noop_lua); return a, b end },
+  { "every(bad delay)", function(L) local a, b = L.every({}, noop_lua); return a, b end },
+  { "every(C function)", function(L) local a, b = L.every(1, print); return a, b end },
+  { "spawn(C function)", function(L) local a, b = L.spawn(print); return a, b end },
+  { "spawn(42)", function(L) local a, b = L.spawn(42); return a, b end },
+  { "spawn()", function(L) local a, b = L.spawn(); return a, b end },
+  { "spawn(nil)", function(L) local a, b = L.spawn(nil); return a, b end },
+  { "spawn(callable)", function(L) local a, b = L.spawn(callable); return a, b end },
+  { "create(C function)", function(L) local a, b = L.create(print); return a, b end },
+  { "create()", function(L) local a, b = L.create(); return a, b end },
+  { "create(nil)", function(L) local a, b = L.create(nil); return a, b end },
+  { "wrap()", function(L) local a, b = L.wrap(); return a, b end },
+  { "wrap(C function)", function(L) local a, b = L.wrap(print); return a, b end },
+  { "wrap(callable)", function(L) local a, b = L.wrap(callable); return a, b end },
+}
+function A.same_errors()
+  local o = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
+  local orig = { create = o[1], wrap = o[2], spawn = o[4], at = o[6], every = o[7] }
+  local patched = { create = coroutine.create, wrap = coroutine.wrap, spawn = ngx.thread.spawn,
+    at = ngx.timer.at, every = ngx.timer.every }
+  rid:set("non-empty frame") -- so that the wrappers do their work
+  local hook = ah.createHook { init = noop_lua }:enable()
+  local function show(ok, a, b)
+    if ok then return "ok " .. type(a) .. " " .. type(b) end
+    return "error " .. tostring(a)
+  end
+  local out = {}
+  for _, c in ipairs(same_cases) do
+    local without = show(pcall(c[2], orig))
+    local with = show(pcall(c[2], patched))
+    out[#out + 1] = (without == with and "same " or "DIFFERENT ") .. c[1] .. ": " .. without .. " | " .. with
+  end
+  hook:disable()
+  ngx.say(concat(out, "\n"))
+end
+
+--- a scope open in a library coroutine across coroutine.yield: `after` at
+--- the yield (innermost first, then the coroutine's), `before` again at the
+--- resume (the coroutine's, then outermost first); the resumer runs in its
+--- own context meanwhile
+function A.scope_yield()
+  local log, names = {}, {}
+  local hook = ah.createHook {
+    init = function(id, t) names[id] = t end,
+    before = function(id) if names[id] then log[#log + 1] = "before(" .. names[id] .. ")" end end,
+    after = function(id) if names[id] then log[#log + 1] = "after(" .. names[id] .. ")" end end,
+  }:enable()
+  local outer = ah.AsyncResource.new("outer", { requireManualDestroy = true })
+  local inner = ah.AsyncResource.new("inner", { requireManualDestroy = true })
+  local co = coroutine.create(function()
+    outer:runInAsyncScope(function()
+      inner:runInAsyncScope(function()
+        coroutine.yield()
+        log[#log + 1] = "in:" .. (ah.executionAsyncId() == inner:asyncId() and "inner" or "?")
+      end)
+      coroutine.yield()
+      log[#log + 1] = "in:" .. (ah.executionAsyncId() == outer:asyncId() and "outer" or "?")
+    end)
+  end)
+  local mine = ah.executionAsyncId()
+  for _ = 1, 3 do
+    coroutine.resume(co)
+    log[#log + 1] = "|" .. (ah.executionAsyncId() == mine and "resumer" or "?") .. "|"
+  end
+  hook:disable()
+  say(log)
+end
+
+--- ngx.exit inside scopes abandons the handler's thread without unwinding:
+--- the next phase finds the request's context as it was before the scopes
+--- (value, ids) and the abandoned runInAsyncScope gets its `after`;
+--- header filters that run inside a handler's scope (inside ngx.say) still
+--- see it
+local exit_log
+function A.exitok_rewrite()
+  rid:set("req-" .. arg("id"))
+  ngx.ctx.ids = ah.executionAsyncId() .. "/" .. ah.triggerAsyncId()
+  exit_log = {}
+  local hook = ah.createHook {
+    before = function(id) if id == ngx.ctx.res_id then exit_log[#exit_log + 1] = "before" end end,
+    after = function(id) if id == ngx.ctx.res_id then exit_log[#exit_log + 1] = "after" end end,
+  }:enable()
+  ngx.ctx.hook = hook
+end
+
+function A.exitok_access()
+  local r = ah.AsyncResource.new("auth", { requireManualDestroy = true })
+  ngx.ctx.res_id = r:asyncId()
+  rid:run("admin", function()
+    r:runInAsyncScope(function()
+      other:set("in-scope")
+      ngx.exit(ngx.OK) -- go on with the content phase
+    end)
+  end)
+end
+
+function A.exitok_content()
+  local ids = ah.executionAsyncId() .. "/" .. ah.triggerAsyncId()
+  local line = concat({ rid:get(), other:get(), s(ids == ngx.ctx.ids), concat(exit_log, ",") }, " ")
+  ngx.ctx.hook:disable()
+  rid:run("in-content", function()
+    ngx.say(line) -- the header filter runs in here
+    ngx.exit(ngx.HTTP_OK)
+  end)
+end
+
+function A.exitok_header_filter()
+  ngx.header["X-Rid"] = rid:get()
+end
+
+function A.exitok_log()
+  ngx.shared.ah:set("exitok" .. arg("id"), rid:get() .. " " .. other:get())
+end
+
+function A.exitok_read()
+  say { s(ngx.shared.ah:get("exitok" .. arg("id"))) }
+end
+
+--- emitDestroy inside the resource's own runInAsyncScope (also one that
+--- spans a yield of a coroutine): destroy follows the scope's last after
+function A.destroy_in_scope()
+  local log, names = {}, {}
+  local hook = ah.createHook {
+    init = function(id, t) names[id] = t end,
+    before = function(id) if names[id] then log[#log + 1] = "before(" .. names[id] .. ")" end end,
+    after = function(id) if names[id] then log[#log + 1] = "after(" .. names[id] .. ")" end end,
+    destroy = function(id) if names[id] then log[#log + 1] = "destroy(" .. names[id] .. ")" end end,
+  }:enable()
+  local r = ah.AsyncResource.new("r")
+  r:runInAsyncScope(function()
+    r:emitDestroy()
+    r:runInAsyncScope(function() log[#log + 1] = "inner" end)
+    log[#log + 1] = "body"
+  end)
+  log[#log + 1] = "|"
+  local r2 = ah.AsyncResource.new("r2")
+  local co = coroutine.wrap(function()
+    r2:runInAsyncScope(function()
+      coroutine.yield()
+      r2:emitDestroy()
+    end)
+  end)
+  co()
+  log[#log + 1] = "|"
+  co()
+  hook:disable()
+  say(log)
 end
 
 --- top-level ids inside a request and install state

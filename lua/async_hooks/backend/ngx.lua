@@ -18,13 +18,14 @@
 --   record in the table at `rs[TH]`, made when their body starts and removed
 --   when it returns; `n` there counts them, so that a request without any
 --   pays no `coroutine.running()` (which LuaJIT does not compile).
--- * A timer callback runs in a fake request: the trampoline keeps its record
---   in `timer_recs` by the fake request's address while it runs, starting in
---   the frame captured by `ngx.timer.at`/`every` (carried as extra timer
---   arguments), and reuses it for a later callback when the run returned
---   with no thread of its own left.  A registration nothing can observe is
---   not wrapped at all.  A timer record that a thread needs past the
---   callback is anchored in the fake request's ngx.ctx under KEY.
+-- * A timer callback runs in a fake request: the trampoline makes its
+--   record, in the frame captured by `ngx.timer.at`/`every` (carried as
+--   extra timer arguments), the fake request's ngx.ctx (as a request's record
+--   is its ctx), so that the record belongs to that one run: ngx_lua drops
+--   it with the fake request however the callback ends (return, error,
+--   ngx.exit), and a later timer -- whose fake request, Lua thread and
+--   address ngx_lua recycles -- cannot reach it.  A registration nothing
+--   can observe is not wrapped at all.
 -- * Outside requests (init_by_lua) one top-level record, and one record per
 --   library coroutine in a weak table.
 --
@@ -63,9 +64,10 @@ local TOKMT = { __name = "async_hooks.token" }
 -- private keys that no user key can collide with, read with rawget where
 -- the record may be a ctx (an SSL-phase ctx is shared through __index).
 local F, ID, TRIG, RES, TH, CO = {}, {}, {}, {}, {}, {}
--- a record that is not the ctx (a timer callback's, when a thread of its
--- own needs it anchored in the fake request) is kept in ngx.ctx under KEY
-local KEY = {}
+-- a library coroutine's record: COID its own asyncId (ID is the scope's
+-- while a runInAsyncScope runs in it), SCOPES the ids of the scopes open in
+-- it, outermost first ({n = count}, made by the first scope)
+local COID, SCOPES = {}, {}
 
 -- a copy of a frame (its own function: a loop in `with` would keep LuaJIT
 -- from compiling the common case, the first value of an empty frame)
@@ -106,6 +108,30 @@ local ffi = require("ffi")
 local get_ctx_ref = ffi.C.ngx_http_lua_ffi_get_ctx_ref -- declared by resty.core.ctx
 local ctxs = registry.ngx_lua_ctx_tables
 
+-- Scopes (run, Snapshot:run, runInAsyncScope, bound functions) open on a
+-- request's record: OPEN is {n = count, phase = the phase they were opened
+-- in, f/id/trig/res = the record's state before the outermost, [i] = the
+-- asyncId of the i-th when it is a runInAsyncScope, else false}, absent
+-- when none is open.  ngx.exit (ngx.OK in rewrite/access: "go on with the
+-- next phase"; any status before the log phase) abandons the handler's
+-- thread without unwinding: its scopes never close.  A later phase of the request finds
+-- OPEN from another phase, gives the abandoned runInAsyncScope scopes their
+-- `after` (innermost first) and restores the state saved before the
+-- outermost.  Header/body filters and the balancer run nested inside a
+-- handler (inside ngx.say, ngx.flush, a proxied subrequest): the handler's
+-- scopes are still open there.
+local OPEN = {}
+local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
+local function phase_now(r)
+  if get_raw_phase ~= nil then return get_raw_phase(r) end
+  return ngx.get_phase()
+end
+local NESTED = {
+  [0x0020] = true, [0x0040] = true, [0x0200] = true,
+  header_filter = true, body_filter = true, balancer = true,
+}
+local abandoned -- (r, rec), below (it emits `after`)
+
 -- the request's state if it has one yet: rs, or nil; false outside requests
 local function peek()
   local r = get_request()
@@ -114,58 +140,31 @@ local function peek()
   if ref < 0 then return nil end
   local ctx = ctxs[ref]
   if ctx == nil then return nil end
-  if rawget(ctx, F) ~= nil then return ctx end
-  return rawget(ctx, KEY)
+  if rawget(ctx, F) ~= nil then
+    if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
+    return ctx
+  end
+  return nil
 end
 if type(ctxs) ~= "table" then
   peek = function()
-    if get_request() == nil then return false end
+    local r = get_request()
+    if r == nil then return false end
     local ctx = get_ctx_table()
-    if rawget(ctx, F) ~= nil then return ctx end
-    return rawget(ctx, KEY)
+    if rawget(ctx, F) ~= nil then
+      if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
+      return ctx
+    end
+    return nil
   end
-end
-
--- Timer callbacks: the record of the callback running in a fake request,
--- kept here by the request's address (not in its ngx.ctx, which would cost
--- a ctx per run; not by Lua thread: coroutine.running() is not compiled)
--- while the callback runs.  A record is valid only in the timer phase.
--- `timer_live` counts the records: callbacks running, or ended without
--- returning (an error, ngx.exit).  While it is not 0, every timer registered
--- through the library starts by removing a record left at its own address
--- (a record there is stale: its timer is over), so the record of a callback
--- that raised is never seen by a later timer that reuses the address.
-local timer_recs = {}
-local timer_live = 0
-local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
-local TIMER_PHASE = 0x0080
--- the address as a Lua number, through 32-bit halves (which the FFI reads
--- as numbers; tonumber of a 64-bit cdata aborts traces here)
-local ptrbox = ffi.new("union { const void *p; uint32_t w[2]; }")
-
-local function addr(r)
-  ptrbox.p = r
-  return ptrbox.w[0] + ptrbox.w[1] * 4294967296
-end
-
-local function timer_rec()
-  if timer_live == 0 then return nil end
-  local r = get_request()
-  local rec = timer_recs[addr(r)]
-  if rec ~= nil and (get_raw_phase == nil or get_raw_phase(r) == TIMER_PHASE) then return rec end
-  return nil
 end
 
 -- a request's state: the record of its entry threads ({frame, id, trigger,
--- res}), `n` records of library threads keyed by their Lua thread.  In a
--- timer callback, its record becomes the state.
+-- res}), `n` records of library threads keyed by their Lua thread.  (A
+-- timer callback's record is made by its trampoline, as the fake request's
+-- ctx.)
 local function new_reqstate()
   local ctx = get_ctx_table()
-  local tr = timer_rec()
-  if tr ~= nil then
-    rawset(ctx, KEY, tr)
-    return tr
-  end
   rawset(ctx, F, EMPTY) -- trigger: absent, read as 1
   return ctx
 end
@@ -192,7 +191,7 @@ local function lookup()
     local co = co_running()
     return co and top_threads[co] or TOP
   end
-  return timer_rec()
+  return nil
 end
 
 -- the record of what runs now, made when missing
@@ -257,7 +256,18 @@ persist.order = order
 local lists = { init = {}, before = {}, after = {}, destroy = {} }
 local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
 local dispatching, dirty = 0, false
-local dqueue, dq_n = {}, 0 -- queued destroys
+-- Queued destroys, in two queues, because a finalizer (__gc) may run
+-- between any two steps of main-line code (under the JIT, also between
+-- `n = n + 1` and `q[n] = id`):
+-- * `dqueue`/`dq_n`: destroys queued by main-line code; finalizers never
+--   touch them.
+-- * `gqueue`: destroys queued by the GC tokens' finalizer, which appends
+--   to the table that `gqueue` names when it runs (finalizers do not nest).
+--   Main-line code never writes into it: flush makes the replacement first,
+--   then swaps (one assignment), then reads the old table up to its first
+--   nil, including what a finalizer appended just before the swap.
+local dqueue, dq_n = {}, 0
+local gqueue = {}
 
 local function rebuild()
   local nl = {}
@@ -297,17 +307,31 @@ local function dispatch(kind, list, a, b, c, d)
   dispatching = dispatching - 1
   if dispatching == 0 then
     if dirty then rebuild() end
-    if dq_n > 0 then flush() end
+    if dq_n > 0 or gqueue[1] ~= nil then flush() end
   end
 end
 
 function flush()
   if dispatching > 0 then return end
-  while dq_n > 0 do
-    local q, n = dqueue, dq_n
-    dqueue, dq_n = {}, 0
-    for i = 1, n do
-      if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+  while true do
+    if dq_n > 0 then
+      local q, n = dqueue, dq_n
+      dqueue, dq_n = {}, 0
+      for i = 1, n do
+        if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+      end
+    elseif gqueue[1] ~= nil then
+      local fresh = {}
+      local q = gqueue
+      gqueue = fresh
+      local i, id = 1, q[1]
+      while id ~= nil do
+        if n_destroy > 0 then dispatch("destroy", lists.destroy, id) end
+        i = i + 1
+        id = q[i]
+      end
+    else
+      return
     end
   end
 end
@@ -331,7 +355,19 @@ local function emit_after(id)
   if n_after > 0 then dispatch("after", lists.after, id) end
 end
 
-function B.emit_destroy(id)
+-- runInAsyncScope scopes open per asyncId, and the destroys asked for
+-- (emitDestroy) while some were open: held until the last closes, so that
+-- destroy follows the last `after` (the GC token, `true` when none, stays
+-- armed meanwhile: it delivers the destroy if the scopes never close)
+local scopes_open, held = {}, {}
+
+-- `res`, `tok`: an AsyncResource and its GC token (api.lua); false when
+-- the destroy is held
+function B.emit_destroy(id, res, tok) -- luacheck: ignore 212/res
+  if scopes_open[id] ~= nil then
+    held[id] = tok or true
+    return false
+  end
   if n_destroy > 0 then
     queue_destroy(id)
     flush()
@@ -373,7 +409,10 @@ local tok_id = setmetatable({}, WEAKK)
 local TOKPROXY = newproxy(true)
 getmetatable(TOKPROXY).__gc = function(p)
   local id = tok_id[p]
-  if id then queue_destroy(id) end
+  if id and n_destroy > 0 then
+    local q = gqueue
+    q[#q + 1] = id
+  end
 end
 
 function B.gc_token(id)
@@ -384,6 +423,30 @@ end
 
 function B.gc_token_cancel(tok)
   tok_id[tok] = nil
+end
+
+local function scope_enter(id)
+  scopes_open[id] = (scopes_open[id] or 0) + 1
+end
+
+-- a scope of `id` closed (or was abandoned): a held destroy is queued when
+-- it was the last (the caller flushes)
+local function scope_exit(id)
+  local n = (scopes_open[id] or 1) - 1
+  if n > 0 then
+    scopes_open[id] = n
+    return
+  end
+  scopes_open[id] = nil
+  local tok = held[id]
+  if tok ~= nil then
+    held[id] = nil
+    if tok ~= true then
+      if tok_id[tok] == nil then return end -- already delivered by the GC
+      tok_id[tok] = nil
+    end
+    queue_destroy(id)
+  end
 end
 
 ---------------------------------------------------------------------------
@@ -425,7 +488,54 @@ function B.setter(method, class)
   end
 end
 
+-- a later phase found scopes open from another phase (see OPEN, at peek)
+function abandoned(r, rec)
+  local open = rawget(rec, OPEN)
+  local ph = phase_now(r)
+  if ph == open.phase or NESTED[ph] then return end
+  rawset(rec, OPEN, nil)
+  for i = open.n, 1, -1 do
+    local sid = open[i]
+    if sid then
+      emit_after(sid)
+      scope_exit(sid)
+    end
+  end
+  rec[F] = open.f
+  rawset(rec, ID, open.id)
+  rawset(rec, TRIG, open.trig)
+  rawset(rec, RES, open.res)
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+end
+
+-- a scope opens on `rec` (OPEN, at peek); `sid` its asyncId or false
+local function open_scope(rec, sid)
+  if rec == TOP or rawget(rec, CO) ~= nil then return end -- not a request's
+  local open = rawget(rec, OPEN)
+  if open == nil then
+    open = { n = 0, phase = phase_now(get_request()), f = rec[F],
+      id = rawget(rec, ID), trig = rawget(rec, TRIG), res = rawget(rec, RES) }
+    rawset(rec, OPEN, open)
+  end
+  local n = open.n + 1
+  open.n = n
+  open[n] = sid
+end
+
+local function close_scope(rec)
+  local open = rawget(rec, OPEN)
+  if open == nil then return end
+  local n = open.n
+  if n <= 1 then
+    rawset(rec, OPEN, nil)
+  else
+    open[n] = nil
+    open.n = n - 1
+  end
+end
+
 local function restore_frame(rec, saved, ok, ...)
+  close_scope(rec)
   rec[F] = saved
   if ok then return ... end
   error((...), 0)
@@ -434,6 +544,7 @@ end
 function B.run_with(obj, value, fn, ...)
   local rec = current()
   local saved = rec[F]
+  open_scope(rec, false)
   rec[F] = with(saved, obj[1], value)
   value = nil -- luacheck: ignore 311 (the frame holds it: see lua54.lua)
   return restore_frame(rec, saved, pcall(fn, ...))
@@ -442,17 +553,25 @@ end
 function B.run_in_frame(frame, fn, ...)
   local rec = current()
   local saved = rec[F]
+  open_scope(rec, false)
   rec[F] = frame
   return restore_frame(rec, saved, pcall(fn, ...))
 end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
+  scope_exit(id)
+  close_scope(rec)
+  local sc = rawget(rec, SCOPES)
+  if sc ~= nil then
+    sc[sc.n] = nil
+    sc.n = sc.n - 1
+  end
   rawset(rec, ID, sid)
   rawset(rec, TRIG, strig)
   rawset(rec, RES, sres)
   rec[F] = sframe
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   if ok then return ... end
   error((...), 0)
 end
@@ -460,10 +579,22 @@ end
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   local rec = current()
   local sid, strig, sres, sframe = rawget(rec, ID), rawget(rec, TRIG), rawget(rec, RES), rec[F]
+  open_scope(rec, id)
   rawset(rec, ID, id)
   rawset(rec, TRIG, trigger)
   rawset(rec, RES, resource)
   rec[F] = frame
+  -- in a library coroutine: the scope is open in it (see co_yield)
+  if rawget(rec, COID) ~= nil then
+    local sc = rec[SCOPES]
+    if sc == nil then
+      sc = { n = 0 }
+      rec[SCOPES] = sc
+    end
+    sc.n = sc.n + 1
+    sc[sc.n] = id
+  end
+  scope_enter(id)
   emit_before(id)
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
@@ -523,9 +654,35 @@ local function body_start(frame, id, trigger, res, tok)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
-  if dq_n > 0 then flush() end
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   emit_before(id)
   return where, co, rec
+end
+
+-- Whether f is a Lua function: ngx_lua's coroutine.create/wrap,
+-- ngx.thread.spawn and ngx.timer.at/every take nothing else ("Lua function
+-- expected"); anything else goes to them as it is, in tail position, so that
+-- their own error comes out at the caller's line.  jit.util.funcbc raises
+-- for anything but a Lua function and allocates nothing (debug.getinfo
+-- costs a table and strings); the functions found so are remembered (weak
+-- keys), as a module's callback is registered again and again and a C
+-- function called through pcall ends the trace.
+local is_luafn
+do
+  local ok, jutil = pcall(require, "jit.util")
+  local funcbc = ok and type(jutil) == "table" and jutil.funcbc
+  local known = setmetatable({}, WEAKK)
+  is_luafn = function(f)
+    if known[f] then return true end
+    if type(f) ~= "function" then return false end
+    if funcbc then
+      if not pcall(funcbc, f, 0) then return false end
+    elseif debug.getinfo(f, "S").what == "C" then
+      return false
+    end
+    known[f] = true
+    return true
+  end
 end
 
 -- the coroutine functions ours call: ngx_lua's (as found at install)
@@ -534,7 +691,7 @@ local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
     local where, co, rec = body_start(frame, id, trigger, res, tok)
-    rec.coro = true
+    rec[COID] = id
     return body_done(where, co, rec, f(...))
   end
 end
@@ -542,8 +699,15 @@ end
 -- coroutine.yield: `after` when a library coroutine yields, `before` when it
 -- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
 -- make are not visible)
+-- Scopes (runInAsyncScope) open in the coroutine get their `after` at the
+-- yield, innermost first, after which the coroutine's own; at the resume
+-- the coroutine's `before`, then theirs, outermost first (SPEC 3.1).
 local function resumed(rec, ...)
-  emit_before(rec[ID])
+  emit_before(rec[COID])
+  local sc = rec[SCOPES]
+  if sc ~= nil then
+    for i = 1, sc.n do emit_before(sc[i]) end
+  end
   return ...
 end
 
@@ -557,16 +721,21 @@ local function co_yield(...)
     elseif rs == false and co then
       rec = top_threads[co]
     end
-    if rec and rec.coro then
-      emit_after(rec[ID])
+    if rec and rec[COID] ~= nil then
+      local sc = rec[SCOPES]
+      if sc ~= nil then
+        for i = sc.n, 1, -1 do emit_after(sc[i]) end
+      end
+      emit_after(rec[COID])
       return resumed(rec, std.yield(...))
     end
   end
   return std.yield(...)
 end
 
-local function co_create(f)
-  if type(f) ~= "function" then return std.create(f) end
+local function co_create(...)
+  local f = ...
+  if not is_luafn(f) then return std.create(...) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
   local co = std.create(co_body(f, parent[F], id, trigger, res, tok))
@@ -574,8 +743,9 @@ local function co_create(f)
   return co
 end
 
-local function co_wrap(f)
-  if type(f) ~= "function" then return std.wrap(f) end
+local function co_wrap(...)
+  local f = ...
+  if not is_luafn(f) then return std.wrap(...) end
   local parent = current()
   local id, trigger, res, tok = new_resource(parent, "coroutine")
   return std.wrap(co_body(f, parent[F], id, trigger, res, tok))
@@ -594,11 +764,12 @@ local function thread_body(f, frame, id, trigger, res, tok, ...)
 end
 
 local function make_spawn(real)
-  return function(f, ...)
-    if type(f) ~= "function" then return real(f, ...) end
+  return function(...)
+    local f = ...
+    if not is_luafn(f) then return real(...) end
     local parent = current()
     local id, trigger, res, tok = new_resource(parent, "ngx.thread")
-    return real(thread_body, f, parent[F], id, trigger, res, tok, ...)
+    return real(thread_body, f, parent[F], id, trigger, res, tok, select(2, ...))
   end
 end
 
@@ -623,23 +794,21 @@ local function make_kill(real)
 end
 
 -- timers: every run of the callback is a fake request; the trampoline
--- keeps the callback's record for that run (see timer_rec)
--- start a timer callback's record (replacing a stale one at the address)
-local function timer_start(key, rec)
-  if timer_recs[key] == nil then timer_live = timer_live + 1 end
-  timer_recs[key] = rec
+-- makes the callback's record for that run, as the fake request's ngx.ctx
+-- (get_ctx_table installs the table given when the request has no ctx yet,
+-- which is the case when a callback starts).  ngx_lua unrefs the ctx when
+-- the fake request ends, whichever way the callback ended, and the next
+-- run (the same timer's, or another timer's on the recycled fake request,
+-- Lua thread and address) starts without one.  Not reused from one run to
+-- the next: user code may keep ngx.ctx.
+local function timer_rec(frame, id, trigger, res)
+  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
+  get_ctx_table(rec)
+  return rec
 end
 
-local function timer_stop(key, rec)
-  if timer_recs[key] == rec then
-    timer_recs[key] = nil
-    timer_live = timer_live - 1
-  end
-end
-
-local function timer_end(key, rec, last, tok, ...)
+local function timer_end(rec, last, tok, ...)
   emit_after(rec[ID])
-  timer_stop(key, rec)
   if last and tok ~= nil then
     tok_id[tok] = nil
     B.emit_destroy(rec[ID])
@@ -648,12 +817,10 @@ local function timer_end(key, rec, last, tok, ...)
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
-  local key = addr(get_request())
-  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
-  timer_start(key, rec)
-  if dq_n > 0 then flush() end
+  local rec = timer_rec(frame, id, trigger, res)
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   emit_before(id)
-  return timer_end(key, rec, once or premature, tok, f(premature, ...))
+  return timer_end(rec, once or premature, tok, f(premature, ...))
 end
 
 -- calls f(p) from a frame with two named locals: ngx.log looks up the name
@@ -666,81 +833,43 @@ end
 
 -- the same without extra arguments: no vararg forwarding, which LuaJIT
 -- does not compile (ngx_lua ignores what a timer callback returns)
--- Records of callbacks that returned with no thread of theirs left (rec.n
--- is 0): nothing refers to them any more (the library's threads started in
--- the callback keep theirs inside it and count in n), so the next callback
--- reuses one instead of making a table (a table per request is ~900
--- instructions with its share of the GC).
-local spare, n_spare = {}, 0
-
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
-  local key = addr(get_request())
-  local rec
-  if n_spare > 0 then
-    rec = spare[n_spare]
-    spare[n_spare] = nil
-    n_spare = n_spare - 1
-    rec[F], rec[ID], rec[TRIG], rec[RES] = frame, id, trigger, res
-  else
-    rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
-  end
-  timer_start(key, rec)
-  if dq_n > 0 then flush() end
+  timer_rec(frame, id, trigger, res)
+  if dq_n > 0 or gqueue[1] ~= nil then flush() end
   if n_before > 0 then emit_before(id) end
   call1(f, premature)
   if n_after > 0 then emit_after(id) end
-  timer_stop(key, rec)
-  local th = rec[TH]
-  if (th == nil or th.n == 0) and n_spare < 16 then
-    rec[F], rec[RES] = EMPTY, nil
-    n_spare = n_spare + 1
-    spare[n_spare] = rec
-  end
   if tok ~= nil and (once or premature) then
     tok_id[tok] = nil
     B.emit_destroy(id)
   end
 end
 
--- a timer nobody can observe, registered while a stale record may exist:
--- removes the one at its own address, then runs as it is
-local function clear_stale()
-  local key = addr(get_request())
-  if timer_recs[key] ~= nil then
-    timer_recs[key] = nil
-    timer_live = timer_live - 1
-  end
-end
-
-local function timer_plain(premature, f, ...)
-  clear_stale()
-  return f(premature, ...)
-end
-
-local function timer_plain0(premature, f)
-  clear_stale()
-  return f(premature)
-end
-
 local function make_timer(real, once)
-  return function(delay, f, ...)
-    if type(f) ~= "function" then return real(delay, f, ...) end
-    local nargs = select("#", ...)
+  -- (...) rather than (delay, f, ...): what is passed on as it is keeps its
+  -- number of arguments (ngx_lua says "expecting at least 2 arguments")
+  return function(...)
+    local delay, f = ...
+    if type(f) ~= "function" then return real(...) end
     local parent = lookup()
     -- nothing can observe the registration (no hook, empty frame): the
     -- callback runs as it is, in its fake request's fresh, empty context
     if n_init + n_before + n_after + n_destroy == 0 and (parent == nil or parent[F] == EMPTY) then
-      if timer_live == 0 then return real(delay, f, ...) end
-      if nargs == 0 then return real(delay, timer_plain0, f) end
-      return real(delay, timer_plain, f, ...)
+      return real(...)
     end
+    -- what ngx_lua refuses with an error (a C function, a delay that is
+    -- not a number, negative, or 0 for every) goes to it as it is
+    if not is_luafn(f) then return real(...) end
+    local d = delay
+    if type(d) ~= "number" then d = tonumber(d) end
+    if d == nil or d < 0 or (d == 0 and not once) then return real(...) end
     parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err
-    if nargs == 0 then
+    if select("#", ...) == 2 then
       ok, err = real(delay, timer_cb0, once, f, parent[F], id, trigger, res, tok)
     else
-      ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, ...)
+      ok, err = real(delay, timer_cb, once, f, parent[F], id, trigger, res, tok, select(3, ...))
     end
     if not ok and tok ~= nil then -- never runs
       tok_id[tok] = nil
