@@ -25,5 +25,6 @@ build = {
     ["async_hooks"] = "lua/async_hooks/init.lua",
     ["async_hooks.api"] = "lua/async_hooks/api.lua",
     ["async_hooks.backend.ngx"] = "lua/async_hooks/backend/ngx.lua",
+    ["async_hooks.backend.ngx_hooks"] = "lua/async_hooks/backend/ngx_hooks.lua",
   },
 }

@@ -31,11 +31,15 @@
 --
 -- A frame is an immutable table {token -> value} (weak keys, so that
 -- `disable()` makes values collectable); `NILV` stands for an explicit nil.
+--
+-- The hook events (the hook lists and their dispatch, the destroy queues,
+-- the GC tokens, the scope counts that hold a destroy) are in
+-- `ngx_hooks.lua`.
 -- @module async_hooks.backend.ngx
 
 local ngx = ngx
-local type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, xpcall, error, tostring =
-  type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, xpcall, error, tostring
+local type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, error =
+  type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, error
 local stdco = coroutine
 local co_running = stdco.running
 local debug = require("debug")
@@ -247,207 +251,21 @@ function B.new_ids(trigger)
 end
 
 ---------------------------------------------------------------------------
--- hooks
+-- hooks (ngx_hooks.lua): the hot functions in locals; the hook counts in
+-- upvalues of this file too, set by the hooks module each time they change
 ---------------------------------------------------------------------------
 
-local KINDS = { "init", "before", "after", "destroy" }
-local order = persist.order or {} -- enabled hooks, in enabling order
-persist.order = order
-local lists = { init = {}, before = {}, after = {}, destroy = {} }
 local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
-local dispatching, dirty = 0, false
--- Queued destroys, in two queues, because a finalizer (__gc) may run
--- between any two steps of main-line code (under the JIT, also between
--- `n = n + 1` and `q[n] = id`):
--- * `dqueue`/`dq_n`: destroys queued by main-line code; finalizers never
---   touch them.
--- * `gqueue`: destroys queued by the GC tokens' finalizer, which appends
---   to the table that `gqueue` names when it runs (finalizers do not nest).
---   Main-line code never writes into it: flush makes the replacement first,
---   then swaps (one assignment), then reads the old table up to its first
---   nil, including what a finalizer appended just before the swap.
-local dqueue, dq_n = {}, 0
-local gqueue = {}
-
-local function rebuild()
-  local nl = {}
-  for _, k in pairs(KINDS) do
-    local l = {}
-    for i = 1, #order do
-      local f = order[i][k]
-      if f ~= nil then l[#l + 1] = f end
-    end
-    nl[k] = l
-  end
-  lists = nl
-  n_init, n_before, n_after, n_destroy = #nl.init, #nl.before, #nl.after, #nl.destroy
-  dirty = false
-end
-rebuild()
-
-local function fatal_handler(e)
-  return debug.traceback(tostring(e), 2)
-end
-
-local function fatal(kind, msg)
-  local text = ("async_hooks: error in %s hook (fatal): %s\n"):format(kind, msg)
-  io.stderr:write(text)
-  if ngx.log then ngx.log(ngx.ALERT, text) end
-  os.exit(1)
-end
-
-local flush
-
-local function dispatch(kind, list, a, b, c, d)
-  dispatching = dispatching + 1
-  for i = 1, #list do
-    local ok, e = xpcall(list[i], fatal_handler, a, b, c, d)
-    if not ok then fatal(kind, e) end
-  end
-  dispatching = dispatching - 1
-  if dispatching == 0 then
-    if dirty then rebuild() end
-    if dq_n > 0 or gqueue[1] ~= nil then flush() end
-  end
-end
-
-function flush()
-  if dispatching > 0 then return end
-  while true do
-    if dq_n > 0 then
-      local q, n = dqueue, dq_n
-      dqueue, dq_n = {}, 0
-      for i = 1, n do
-        if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
-      end
-    elseif gqueue[1] ~= nil then
-      local fresh = {}
-      local q = gqueue
-      gqueue = fresh
-      local i, id = 1, q[1]
-      while id ~= nil do
-        if n_destroy > 0 then dispatch("destroy", lists.destroy, id) end
-        i = i + 1
-        id = q[i]
-      end
-    else
-      return
-    end
-  end
-end
-
-local function queue_destroy(id)
-  if n_destroy > 0 then
-    dq_n = dq_n + 1
-    dqueue[dq_n] = id
-  end
-end
-
-function B.emit_init(id, type_, trigger, resource)
-  if n_init > 0 then dispatch("init", lists.init, id, type_, trigger, resource) end
-end
-
-local function emit_before(id)
-  if n_before > 0 then dispatch("before", lists.before, id) end
-end
-
-local function emit_after(id)
-  if n_after > 0 then dispatch("after", lists.after, id) end
-end
-
--- runInAsyncScope scopes open per asyncId, and the destroys asked for
--- (emitDestroy) while some were open: held until the last closes, so that
--- destroy follows the last `after` (the GC token, `true` when none, stays
--- armed meanwhile: it delivers the destroy if the scopes never close)
-local scopes_open, held = {}, {}
-
--- `res`, `tok`: an AsyncResource and its GC token (api.lua); false when
--- the destroy is held
-function B.emit_destroy(id, res, tok) -- luacheck: ignore 212/res
-  if scopes_open[id] ~= nil then
-    held[id] = tok or true
-    return false
-  end
-  if n_destroy > 0 then
-    queue_destroy(id)
-    flush()
-  end
-end
-
-function B.hook_count(kind)
-  if kind == "init" then return n_init
-  elseif kind == "before" then return n_before
-  elseif kind == "after" then return n_after
-  elseif kind == "destroy" then return n_destroy end
-  return 0
-end
-
-local function changed()
-  if dispatching > 0 then dirty = true else rebuild() end
-end
-
-function B.hook_enable(h)
-  for i = 1, #order do if order[i] == h then return end end
-  order[#order + 1] = h
-  changed()
-end
-
-function B.hook_disable(h)
-  for i = 1, #order do
-    if order[i] == h then
-      table.remove(order, i)
-      changed()
-      return
-    end
-  end
-end
-
--- destroy on collection: a proxy whose finalizer queues the destroy (it is
--- delivered at the next library call that dispatches, never inside __gc)
-local newproxy = newproxy
-local tok_id = setmetatable({}, WEAKK)
-local TOKPROXY = newproxy(true)
-getmetatable(TOKPROXY).__gc = function(p)
-  local id = tok_id[p]
-  if id and n_destroy > 0 then
-    local q = gqueue
-    q[#q + 1] = id
-  end
-end
-
-function B.gc_token(id)
-  local p = newproxy(TOKPROXY)
-  tok_id[p] = id
-  return p
-end
-
-function B.gc_token_cancel(tok)
-  tok_id[tok] = nil
-end
-
-local function scope_enter(id)
-  scopes_open[id] = (scopes_open[id] or 0) + 1
-end
-
--- a scope of `id` closed (or was abandoned): a held destroy is queued when
--- it was the last (the caller flushes)
-local function scope_exit(id)
-  local n = (scopes_open[id] or 1) - 1
-  if n > 0 then
-    scopes_open[id] = n
-    return
-  end
-  scopes_open[id] = nil
-  local tok = held[id]
-  if tok ~= nil then
-    held[id] = nil
-    if tok ~= true then
-      if tok_id[tok] == nil then return end -- already delivered by the GC
-      tok_id[tok] = nil
-    end
-    queue_destroy(id)
-  end
-end
+local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d)
+  n_init, n_before, n_after, n_destroy = i, b, a, d
+end)
+local emit_before, emit_after = H.emit_before, H.emit_after
+local flush_pending = H.flush_pending
+local scope_enter, scope_exit = H.scope_enter, H.scope_exit
+local tok_id = H.tok_id
+B.emit_init, B.emit_destroy = H.emit_init, H.emit_destroy
+B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
+B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
 
 ---------------------------------------------------------------------------
 -- values and scopes
@@ -505,7 +323,7 @@ function abandoned(r, rec)
   rawset(rec, ID, open.id)
   rawset(rec, TRIG, open.trig)
   rawset(rec, RES, open.res)
-  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+  flush_pending()
 end
 
 -- a scope opens on `rec` (OPEN, at peek); `sid` its asyncId or false
@@ -571,7 +389,7 @@ local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   rawset(rec, TRIG, strig)
   rawset(rec, RES, sres)
   rec[F] = sframe
-  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+  flush_pending()
   if ok then return ... end
   error((...), 0)
 end
@@ -654,7 +472,7 @@ local function body_start(frame, id, trigger, res, tok)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
-  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+  flush_pending()
   emit_before(id)
   return where, co, rec
 end
@@ -818,7 +636,7 @@ end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
   local rec = timer_rec(frame, id, trigger, res)
-  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+  flush_pending()
   emit_before(id)
   return timer_end(rec, once or premature, tok, f(premature, ...))
 end
@@ -835,7 +653,7 @@ end
 -- does not compile (ngx_lua ignores what a timer callback returns)
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
   timer_rec(frame, id, trigger, res)
-  if dq_n > 0 or gqueue[1] ~= nil then flush() end
+  flush_pending()
   if n_before > 0 then emit_before(id) end
   call1(f, premature)
   if n_after > 0 then emit_after(id) end
