@@ -379,7 +379,6 @@ static int l_emit_init(lua_State *L) {
   return 0;
 }
 
-/* emit_destroy(id): queue, and deliver now when nothing is active */
 /* emit_destroy(id[, resource, gctok]) -> true: queued; false: held, as
 ** scopes of the resource are open (it was ended inside runInAsyncScope),
 ** until the last of them closes (scope.c queues it then, through
@@ -398,8 +397,8 @@ static int l_emit_destroy(lua_State *L) {
       return 1;
     }
   }
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
-  ah_flush_maybe(L, st);
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id); /* and deliver it */
+  ah_flush_maybe(L, st);                                /* when nothing is active */
   lua_pushboolean(L, 1);
   return 1;
 }

@@ -56,6 +56,15 @@ static int l_enter_scope(lua_State *L) {
   lua_setiuservalue(L, 5, G_PREV_FRAME);
   lua_pushvalue(L, 3);
   lua_setiuservalue(L, 5, G_RES);
+  /* the resource's count of open scopes: its key first (a new key can
+  ** fail; nothing has changed yet), counted below once nothing can */
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    if (lua_rawgetp(L, 3, &ah_open_key) == LUA_TNIL) {
+      lua_pushinteger(L, 0);
+      lua_rawsetp(L, 3, &ah_open_key);
+    }
+    lua_pop(L, 1);
+  }
   ah_reserve(L, s);
   if (!g->on_main) { /* link into the coroutine's chain */
     ah_get_guard(L, 0);
@@ -63,8 +72,8 @@ static int l_enter_scope(lua_State *L) {
     ah_set_guard(L, 5);
     st->slots[s].scopes++;
   }
-  /* the resource's open scopes, counted (last: a failure above leaves it
-  ** as it was); an explicit destroy waits for the last one to close */
+  /* counted (the key exists: no allocation); an explicit destroy waits
+  ** for the last open scope to close */
   if (lua_type(L, 3) == LUA_TTABLE) {
     lua_Integer n;
     lua_rawgetp(L, 3, &ah_open_key);
