@@ -839,7 +839,10 @@ describe("destroy and a user's finalizer", function()
 end)
 
 -- review finding (helper-28): emitDestroy inside runInAsyncScope, the scope
--- spanning a yield: the destroy came before the scope's later before/after
+-- spanning a yield: the destroy came before the scope's later before/after.
+-- The scope now stays out once its resource's destroy was asked for (a
+-- second review found that holding the destroy until the scope closed lost
+-- it when the coroutine failed or was abandoned inside the scope)
 describe("emitDestroy inside the resource's own scope", function()
   local function events()
     local log = {}
@@ -851,7 +854,7 @@ describe("emitDestroy inside the resource's own scope", function()
     return h, log
   end
 
-  it("waits for the scope's last after, also across yields", function()
+  it("comes after the scope's last after: the scope stays out across later yields", function()
     local h, log = events()
     h:enable()
     local r = AsyncResource.new("R")
@@ -868,8 +871,35 @@ describe("emitDestroy inside the resource's own scope", function()
     h:disable()
     local rid = r:asyncId()
     local R, C = tostring(rid), tostring(cid)
-    assert.same({ "before " .. C, "before " .. R, "after " .. R, "after " .. C, "--",
-      "before " .. C, "before " .. R, "after " .. R, "after " .. C, "destroy " .. R, "destroy " .. C }, log)
+    assert.same({ "before " .. C, "before " .. R, "after " .. R, "after " .. C, "destroy " .. R, "--",
+      "before " .. C, "after " .. C, "destroy " .. C }, log)
+  end)
+
+  it("is delivered when the coroutine fails or is abandoned inside the scope", function()
+    for _, how in ipairs { "resume", "wrap", "abandon" } do
+      local h, log = events()
+      h:enable()
+      local r = AsyncResource.new("R", { requireManualDestroy = true })
+      local R = tostring(r:asyncId())
+      local f = function() r:runInAsyncScope(function() r:emitDestroy(); co.yield(); error("boom") end) end
+      if how == "wrap" then
+        local w = co.wrap(f)
+        w()
+        assert.is_false(pcall(w))
+      else
+        local c = co.create(f)
+        co.resume(c)
+        if how == "resume" then assert.is_false(co.resume(c)) end
+      end
+      h:disable()
+      local n, after_last = 0, 0
+      for i, e in ipairs(log) do
+        if e == "destroy " .. R then n = n + 1 end
+        if e == "after " .. R then after_last = i end
+        if e == "destroy " .. R then assert.is_true(i > after_last, how) end
+      end
+      assert.equal(1, n, how .. ": " .. table.concat(log, ", "))
+    end
   end)
 
   it("on the main thread and nested: after the outermost scope of the resource", function()
@@ -887,7 +917,7 @@ describe("emitDestroy inside the resource's own scope", function()
       "destroy " .. R }, log)
   end)
 
-  it("is delivered once the resource is collected when its scope never closes", function()
+  it("is delivered once when its scope never closes", function()
     local h, log = events()
     h:enable()
     local rid

@@ -7,8 +7,6 @@
 
 #include "core.h"
 
-const char ah_open_key = 0, ah_held_key = 0; /* (core.h) */
-
 /* push the shared upvalues of the running core function (AH_UV_*) */
 void ah_push_shared(lua_State *L) {
   int i;

@@ -197,10 +197,6 @@ void ah_weak_table(lua_State *L, const char *mode, int narr);
 int ah_callable(lua_State *L, int idx);
 void ah_queue_destroy(ah_state *st, lua_Integer id);
 void ah_where(lua_State *L, int level);
-/* keys in a scope's resource table (an AsyncResource): its open scopes (an
-** integer), and true while its destroy waits for the last of them (the
-** destroy comes after the last after, also of a scope spanning a yield) */
-extern const char ah_open_key, ah_held_key;
 
 /* slots.c */
 #define AH_RELEASED UINTPTR_MAX /* extra space of a thread that gave its slot back */
@@ -262,7 +258,6 @@ void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
 void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                   lua_Integer trigger, int res_idx);
 void ah_flush(lua_State *L, ah_state *st);
-void ah_destroy_held(lua_State *L, ah_state *st, lua_Integer id, int idx);
 void ah_luv_notify(lua_State *L, ah_state *st);
 /* at the end of an outermost callback, resume or scope: deliver queued
 ** destroys (and tell luv about destroy hooks); Lua code, can raise */

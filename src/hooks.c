@@ -379,28 +379,15 @@ static int l_emit_init(lua_State *L) {
   return 0;
 }
 
-/* emit_destroy(id[, resource, gctok]) -> true: queued; false: held, as
-** scopes of the resource are open (it was ended inside runInAsyncScope),
-** until the last of them closes (scope.c queues it then, through
-** ah_destroy_held).  Its GC token (the caller cancels it when queued) is
-** kept with it meanwhile: if the scope is never closed (its coroutine
-** abandoned), the token delivers the destroy when the resource goes. */
+/* emit_destroy(id): queue, and deliver now when nothing is active (a
+** scope of the resource open in a suspended coroutine is out: it stays
+** out, see scope.c's ah_scopes_slice) */
 static int l_emit_destroy(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_Integer id = luaL_checkinteger(L, 1);
-  if (lua_type(L, 2) == LUA_TTABLE) {
-    lua_rawgetp(L, 2, &ah_open_key);
-    if (lua_tointeger(L, -1) > 0) {
-      if (lua_type(L, 3) == LUA_TUSERDATA) lua_pushvalue(L, 3); else lua_pushboolean(L, 1);
-      lua_rawsetp(L, 2, &ah_held_key);
-      lua_pushboolean(L, 0);
-      return 1;
-    }
-  }
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id); /* and deliver it */
-  ah_flush_maybe(L, st);                                /* when nothing is active */
-  lua_pushboolean(L, 1);
-  return 1;
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
+  return 0;
 }
 
 static int gctok_gc(lua_State *L) {
@@ -422,18 +409,6 @@ static int l_gc_token(lua_State *L) {
   lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
   lua_setmetatable(L, -2);
   return 1;
-}
-
-/* the destroy of id, held (l_emit_destroy) with the value at idx (its GC
-** token, or true), is due: cancel the token, queue it (allocates nothing
-** Lua sees; no error) */
-void ah_destroy_held(lua_State *L, ah_state *st, lua_Integer id, int idx) {
-  if (lua_type(L, idx) == LUA_TUSERDATA && lua_getmetatable(L, idx)) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
-    if (lua_rawequal(L, -1, -2)) ((ah_gctok *)lua_touserdata(L, idx))->done = 1;
-    lua_pop(L, 2);
-  }
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
 }
 
 static int l_gc_token_cancel(lua_State *L) {

@@ -56,31 +56,12 @@ static int l_enter_scope(lua_State *L) {
   lua_setiuservalue(L, 5, G_PREV_FRAME);
   lua_pushvalue(L, 3);
   lua_setiuservalue(L, 5, G_RES);
-  /* the resource's count of open scopes: its key first (a new key can
-  ** fail; nothing has changed yet), counted below once nothing can */
-  if (lua_type(L, 3) == LUA_TTABLE) {
-    if (lua_rawgetp(L, 3, &ah_open_key) == LUA_TNIL) {
-      lua_pushinteger(L, 0);
-      lua_rawsetp(L, 3, &ah_open_key);
-    }
-    lua_pop(L, 1);
-  }
   ah_reserve(L, s);
   if (!g->on_main) { /* link into the coroutine's chain */
     ah_get_guard(L, 0);
     lua_setiuservalue(L, 5, G_PREV_GUARD);
     ah_set_guard(L, 5);
     st->slots[s].scopes++;
-  }
-  /* counted (the key exists: no allocation); an explicit destroy waits
-  ** for the last open scope to close */
-  if (lua_type(L, 3) == LUA_TTABLE) {
-    lua_Integer n;
-    lua_rawgetp(L, 3, &ah_open_key);
-    n = lua_tointeger(L, -1);
-    lua_pop(L, 1);
-    lua_pushinteger(L, n + 1);
-    lua_rawsetp(L, 3, &ah_open_key);
   }
   /* nothing below can fail (hook errors end the process): switch */
   g->ov = st->ov.slot == s ? s : 0;
@@ -92,25 +73,6 @@ static int l_enter_scope(lua_State *L) {
   if (g->on_main) st->active++;
   ah_emit_id(L, st, AH_BEFORE, id);
   return 1;
-}
-
-/* one scope of the resource (the guard's G_RES) less; a destroy held for
-** it is queued with the last (existing keys: nothing allocates) */
-static void close_count(lua_State *L, ah_state *st, const ah_guard *g) {
-  int top = lua_gettop(L); /* (pushes at most 5: within LUA_MINSTACK) */
-  if (lua_getiuservalue(L, 1, G_RES) == LUA_TTABLE &&
-      lua_rawgetp(L, -1, &ah_open_key) == LUA_TNUMBER) {
-    lua_Integer n = lua_tointeger(L, -1) - 1;
-    lua_pop(L, 1);
-    lua_pushinteger(L, n > 0 ? n : 0);
-    lua_rawsetp(L, -2, &ah_open_key);
-    if (n <= 0 && lua_rawgetp(L, -1, &ah_held_key) != LUA_TNIL) {
-      lua_pushnil(L);
-      lua_rawsetp(L, -3, &ah_held_key);
-      ah_destroy_held(L, st, g->id, lua_gettop(L));
-    }
-  }
-  lua_settop(L, top);
 }
 
 static int guard_close(lua_State *L) {
@@ -129,7 +91,6 @@ static int guard_close(lua_State *L) {
   if (g->closed) return 0;
   g->closed = 1;
   if (!g->out) ah_emit_id(L, st, AH_AFTER, g->id);
-  close_count(L, st, g);
   s = ah_slot_of(L, st);
   st->slots[s].id = g->prev_id;
   st->slots[s].trigger = g->prev_trigger;
@@ -226,8 +187,21 @@ void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
     int idx = kind == AH_BEFORE ? base + n - 1 - i : base + i;
     ah_guard *g = (ah_guard *)lua_touserdata(L, idx);
     if (g->closed || (kind == AH_BEFORE ? !g->out : g->out)) continue;
-    g->out = kind == AH_AFTER;
     lua_getiuservalue(L, idx, G_RES);
+    /* a resource whose destroy was asked for (emitDestroy, api.lua's
+    ** _destroyed) while its scope was out keeps it out: its destroy is
+    ** queued, maybe delivered, and comes after its last after */
+    if (kind == AH_BEFORE && lua_type(L, -1) == LUA_TTABLE) {
+      int destroyed;
+      lua_pushliteral(L, "_destroyed");
+      destroyed = lua_rawget(L, -2) == LUA_TBOOLEAN && lua_toboolean(L, -1);
+      lua_pop(L, 1);
+      if (destroyed) {
+        lua_pop(L, 1);
+        continue;
+      }
+    }
+    g->out = kind == AH_AFTER;
     ah_emit_as(L, st, kind, g->id, g->trigger, -1);
     lua_pop(L, 1);
   }

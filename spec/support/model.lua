@@ -70,20 +70,13 @@ function M.new(nlocals)
   function m.ar_run(ar, f)
     local t = cur()
     local pid, ptrig, pframe = t.id, t.trigger, t.frame
-    local scope = { id = ar.id, out = false }
+    local scope = { id = ar.id, out = false, ar = ar }
     t.id, t.trigger, t.frame = ar.id, ar.trigger, ar.frame
     t.scopes[#t.scopes + 1] = scope
-    ar.open = (ar.open or 0) + 1
     emit("before", ar.id)
     local function close(ok, ...)
       table.remove(t.scopes)
       if not scope.out then emit("after", ar.id) end
-      -- a destroy asked for inside its scopes waits for the last to close
-      ar.open = ar.open - 1
-      if ar.open == 0 and ar.held then
-        ar.held = nil
-        m.destroyed[ar.id] = true
-      end
       t.id, t.trigger, t.frame = pid, ptrig, pframe
       if not ok then error((...), 0) end
       return ...
@@ -93,7 +86,7 @@ function M.new(nlocals)
   function m.ar_destroy(ar)
     if not ar.destroyed then
       ar.destroyed = true
-      if (ar.open or 0) > 0 then ar.held = true else m.destroyed[ar.id] = true end
+      m.destroyed[ar.id] = true
     end
   end
   function m.co_new(f)
@@ -107,8 +100,9 @@ function M.new(nlocals)
     if raw.status(co) ~= "suspended" then return false end
     local th = threads[co]
     emit("before", th.base)
+    -- (a scope whose resource's destroy was asked for stays out)
     for _, s in ipairs(th.scopes) do
-      if s.out and m.hooks_on then emit("before", s.id); s.out = false end
+      if s.out and m.hooks_on and not s.ar.destroyed then emit("before", s.id); s.out = false end
     end
     local ok = raw.resume(co)
     local dead = raw.status(co) == "dead"
