@@ -261,7 +261,6 @@ local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a
 end)
 local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending = H.flush_pending
-local scope_enter, scope_exit = H.scope_enter, H.scope_exit
 local tok_id = H.tok_id
 B.emit_init, B.emit_destroy = H.emit_init, H.emit_destroy
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
@@ -310,14 +309,11 @@ end
 function abandoned(r, rec)
   local open = rawget(rec, OPEN)
   local ph = phase_now(r)
-  if ph == open.phase or NESTED[ph] then return end
+  if ph == open.phase or NESTED[ph] or r ~= open.r then return end
   rawset(rec, OPEN, nil)
   for i = open.n, 1, -1 do
     local sid = open[i]
-    if sid then
-      emit_after(sid)
-      scope_exit(sid)
-    end
+    if sid then emit_after(sid) end
   end
   rec[F] = open.f
   rawset(rec, ID, open.id)
@@ -331,7 +327,10 @@ local function open_scope(rec, sid)
   if rec == TOP or rawget(rec, CO) ~= nil then return end -- not a request's
   local open = rawget(rec, OPEN)
   if open == nil then
-    open = { n = 0, phase = phase_now(get_request()), f = rec[F],
+    local r = get_request()
+    -- (r: a subrequest given the parent's ctx runs its own phases while
+    -- the parent's scopes are open: only the same request abandons them)
+    open = { n = 0, phase = phase_now(r), r = r, f = rec[F],
       id = rawget(rec, ID), trig = rawget(rec, TRIG), res = rawget(rec, RES) }
     rawset(rec, OPEN, open)
   end
@@ -378,7 +377,6 @@ end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   emit_after(id)
-  scope_exit(id)
   close_scope(rec)
   local sc = rawget(rec, SCOPES)
   if sc ~= nil then
@@ -412,7 +410,6 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
     sc.n = sc.n + 1
     sc[sc.n] = id
   end
-  scope_enter(id)
   emit_before(id)
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
@@ -469,7 +466,7 @@ local function body_start(frame, id, trigger, res, tok)
   local co = co_running()
   local where = home()
   if res ~= nil then res.thread = co end
-  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok }
+  local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok, own = id }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
   flush_pending()
@@ -601,9 +598,9 @@ local function make_kill(real)
       if rec ~= nil then
         where[t] = nil
         if where ~= top_threads then where.n = where.n - 1 end
-        if rec.tok ~= nil then
+        if rec.tok ~= nil then -- (its own id: ID is a scope's while one is open in it)
           tok_id[rec.tok] = nil
-          B.emit_destroy(rec[ID])
+          B.emit_destroy(rec.own)
         end
       end
     end
@@ -680,7 +677,8 @@ local function make_timer(real, once)
     if not is_luafn(f) then return real(...) end
     local d = delay
     if type(d) ~= "number" then d = tonumber(d) end
-    if d == nil or d < 0 or (d == 0 and not once) then return real(...) end
+    -- (every: ngx_lua refuses a delay under 1 ms, as it counts in ms)
+    if d == nil or d ~= d or d < 0 or (not once and d * 1000 < 1) then return real(...) end
     parent = parent or current()
     local id, trigger, res, tok = new_resource(parent, "ngx.timer")
     local ok, err

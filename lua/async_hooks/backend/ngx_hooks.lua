@@ -1,12 +1,10 @@
 --- The OpenResty backend's hook events: the enabled hooks and their
 -- init/before/after/destroy dispatch, the queued destroys and their flush,
--- the GC tokens that destroy on collection, and the per-asyncId count of
--- open runInAsyncScope scopes that holds an emitDestroy until the last
--- closes.
+-- and the GC tokens that destroy on collection.
 --
 -- Split out of `backend/ngx.lua`, which makes one instance at load with
--- `new` and keeps the hot functions (emit_before/emit_after, flush_pending,
--- scope_enter/scope_exit) in locals.  The hook counts are read in
+-- `new` and keeps the hot functions (emit_before/emit_after, flush_pending)
+-- in locals.  The hook counts are read in
 -- `ngx.lua` too: `new` is given a function that it calls with them each
 -- time they change, so that `ngx.lua` keeps its own copies in upvalues.
 -- Plain Lua for LuaJIT, like `ngx.lua`.
@@ -134,19 +132,7 @@ function M.new(persist, on_counts)
     if n_after > 0 then dispatch("after", lists.after, id) end
   end
 
-  -- runInAsyncScope scopes open per asyncId, and the destroys asked for
-  -- (emitDestroy) while some were open: held until the last closes, so that
-  -- destroy follows the last `after` (the GC token, `true` when none, stays
-  -- armed meanwhile: it delivers the destroy if the scopes never close)
-  local scopes_open, held = {}, {}
-
-  -- `res`, `tok`: an AsyncResource and its GC token (api.lua); false when
-  -- the destroy is held
-  local function emit_destroy(id, res, tok) -- luacheck: ignore 212/res
-    if scopes_open[id] ~= nil then
-      held[id] = tok or true
-      return false
-    end
+  local function emit_destroy(id)
     if n_destroy > 0 then
       queue_destroy(id)
       flush()
@@ -203,30 +189,6 @@ function M.new(persist, on_counts)
     tok_id[tok] = nil
   end
 
-  local function scope_enter(id)
-    scopes_open[id] = (scopes_open[id] or 0) + 1
-  end
-
-  -- a scope of `id` closed (or was abandoned): a held destroy is queued when
-  -- it was the last (the caller flushes)
-  local function scope_exit(id)
-    local n = (scopes_open[id] or 1) - 1
-    if n > 0 then
-      scopes_open[id] = n
-      return
-    end
-    scopes_open[id] = nil
-    local tok = held[id]
-    if tok ~= nil then
-      held[id] = nil
-      if tok ~= true then
-        if tok_id[tok] == nil then return end -- already delivered by the GC
-        tok_id[tok] = nil
-      end
-      queue_destroy(id)
-    end
-  end
-
   -- destroys queued and not delivered yet: delivered now unless a hook is
   -- running (then when it returns)
   local function flush_pending()
@@ -238,7 +200,6 @@ function M.new(persist, on_counts)
     emit_destroy = emit_destroy, flush = flush, flush_pending = flush_pending,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
     gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
-    scope_enter = scope_enter, scope_exit = scope_exit,
   }
 end
 
