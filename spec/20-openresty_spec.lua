@@ -22,6 +22,11 @@ local SERVER = table.concat({
       log_by_lua_block { require('ah_ngx_app').exitok_log() }
     }]],
   "location /exitok_read { " .. app("exitok_read") .. " }",
+  "location /sharedctx_parent { " .. app("sharedctx_parent") .. " }",
+  [[location /sharedctx_sub {
+      rewrite_by_lua_block { require('ah_ngx_app').sharedctx_sub_rewrite() }
+      content_by_lua_block { require('ah_ngx_app').sharedctx_sub_content() }
+    }]],
   "location /phase_read { " .. app("phase_read") .. " }",
   "location /recycle { " .. app("recycle") .. " }",
   "location /recycle_stats { " .. app("recycle_stats") .. " }",
@@ -211,6 +216,12 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       "before(coroutine) before(outer) before(inner) in:inner after(inner) after(outer) after(coroutine) |resumer|",
       "before(coroutine) before(outer) in:outer after(outer) after(coroutine) |resumer|",
     }, " "), get("/scope_yield"))
+  end)
+
+  -- review finding: a subrequest given the parent's ngx.ctx ran its own
+  -- rewrite phase, which closed the parent's open scopes as abandoned
+  it("a subrequest sharing the parent's ngx.ctx leaves the parent's open scopes open", function()
+    assert.are.equal("sub:A,A parent:A,same afters:1", get("/sharedctx_parent"))
   end)
 
   it("a light thread killed inside runInAsyncScope gets its own destroy", function()

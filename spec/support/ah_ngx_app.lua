@@ -664,6 +664,32 @@ function A.exitok_read()
   say { s(ngx.shared.ah:get("exitok" .. arg("id"))) }
 end
 
+--- a subrequest given the parent's ngx.ctx, inside the parent's scopes
+local shared_seen = {}
+function A.sharedctx_parent()
+  local als = ah.AsyncLocalStorage.new()
+  A.shared_als = als
+  local r = ah.AsyncResource.new("P", { requireManualDestroy = true })
+  local afters = 0
+  local hook = ah.createHook { after = function(id) if id == r:asyncId() then afters = afters + 1 end end }:enable()
+  local out
+  r:runInAsyncScope(function()
+    als:run("A", function()
+      shared_seen = {}
+      ngx.location.capture("/sharedctx_sub", { ctx = ngx.ctx })
+      out = "sub:" .. concat(shared_seen, ",") .. " parent:" .. s(als:getStore()) .. ","
+        .. (ah.executionAsyncId() == r:asyncId() and "same" or "other")
+    end)
+  end)
+  hook:disable()
+  say { out, "afters:" .. afters }
+end
+function A.sharedctx_sub_rewrite() shared_seen[#shared_seen + 1] = s(A.shared_als:getStore()) end
+function A.sharedctx_sub_content()
+  shared_seen[#shared_seen + 1] = s(A.shared_als:getStore())
+  ngx.say("ok")
+end
+
 --- a light thread killed while suspended inside runInAsyncScope gets its
 --- own destroy (a review found the scope's id destroyed instead)
 function A.kill_in_scope()
