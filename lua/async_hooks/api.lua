@@ -69,6 +69,8 @@
 --                              'install' (<string>)" at the user's line
 --    B.uninstall(), B.installed()
 --    B.luv_covered             (optional) sorted names of wrapped luv functions
+--    B.set_libdir(dir)         (optional) the library's folder ("@.../"), for
+--                              the positions of errors raised by the backend
 --
 -- Errors raised here carry the position of the user's call: checks are
 -- written in the public function itself (`raise(msg)`, below), helpers only
@@ -107,6 +109,7 @@ end
 
 return function(B)
   if B.persist.module then return B.persist.module end
+  if LIBDIR and B.set_libdir then B.set_libdir(LIBDIR) end
 
   local newtoken, current_frame, empty_frame = B.newtoken, B.current_frame, B.empty_frame
   local run_with, run_in_frame, run_in_scope = B.run_with, B.run_in_frame, B.run_in_scope

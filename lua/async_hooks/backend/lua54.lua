@@ -22,13 +22,6 @@ local coro = core.coro
 
 local B = { name = "lua54", persist = persist }
 
--- the library's folder (".../async_hooks/"): errors raised in C are
--- positioned past its frames, as the api's are (see api.lua's raise)
-do
-  local dir = (debug.getinfo(1, "S").source or ""):match("^(@.*[/\\])backend[/\\][^/\\]*$")
-  if dir then core.set_libdir(dir) end
-end
-
 B.newtoken = core.newtoken
 B.getter = core.getter
 B.setter = core.setter
@@ -42,6 +35,9 @@ B.emit_init = core.emit_init
 B.emit_destroy = core.emit_destroy
 B.gc_token = core.gc_token
 B.gc_token_cancel = core.gc_token_cancel
+-- (optional) the library's folder, from api.lua: errors raised in C are
+-- positioned past its frames, as the api's are (see api.lua's raise)
+B.set_libdir = core.set_libdir
 
 -- (value = nil: the frame holds it; this frame stays on a coroutine's stack
 -- while fn is suspended, and must not keep it alive after v:disable())
