@@ -18,7 +18,7 @@ local SERVER = table.concat({
       rewrite_by_lua_block { require('ah_ngx_app').exitok_rewrite() }
       access_by_lua_block { require('ah_ngx_app').exitok_access() }
       content_by_lua_block { require('ah_ngx_app').exitok_content() }
-      header_filter_by_lua_block { require('ah_ngx_app').exitok_header_filter() }
+      header_filter_by_lua_block { require('ah_ngx_app').phase_header_filter() }
       log_by_lua_block { require('ah_ngx_app').exitok_log() }
     }]],
   "location /exitok_read { " .. app("exitok_read") .. " }",

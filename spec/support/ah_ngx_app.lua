@@ -652,10 +652,6 @@ function A.exitok_content()
   end)
 end
 
-function A.exitok_header_filter()
-  ngx.header["X-Rid"] = rid:get()
-end
-
 function A.exitok_log()
   ngx.shared.ah:set("exitok" .. arg("id"), rid:get() .. " " .. other:get())
 end
