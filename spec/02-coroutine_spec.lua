@@ -255,73 +255,62 @@ describe("coroutine propagation (async_hooks.coroutine)", function()
     assert.is_true(st.slots <= 3100, "slots in use: " .. st.slots)
   end)
 
-  -- a new coroutine's frame is first held by a deferred anchor (an array
-  -- entry), moved to the thread-keyed ephemeron once the coroutine lived
-  -- through pend_age collection cycles
-  describe("deferred frame anchors", function()
+  -- a coroutine's frame is anchored by its thread (a thread-keyed
+  -- ephemeron): alive exactly as long as the coroutine, never longer
+  describe("frame anchors", function()
     it("keep the captured frame alive while the coroutine lives, across collections", function()
       local v = AsyncLocal.new()
+      local weak = setmetatable({}, { __mode = "v" })
       local c = v:run({ tag = "captured" }, function()
+        weak[1] = v:get()
         return co.create(function() co.yield(v:get().tag); return v:get().tag end)
       end)
-      local age = core.stats().pend_age
-      assert.is_true(age >= 2)
-      assert.is_true(core.stats().pending_anchors >= 1)
-      -- only the anchor holds the value table now; it stays deferred for
-      -- age - 1 cycles, and moves at the age-th
-      for _ = 1, age - 1 do collectgarbage("collect") end
-      assert.equal(1, core.stats().pending_anchors)
+      -- only the coroutine holds the value table now
+      for _ = 1, 6 do collectgarbage("collect") end
+      assert.equal("captured", weak[1].tag)
       local ok, got = co.resume(c)
       assert.is_true(ok)
       assert.equal("captured", got)
-      collectgarbage("collect")
-      assert.equal(0, core.stats().pending_anchors) -- moved
       H.gc()
       ok, got = co.resume(c)
       assert.is_true(ok)
       assert.equal("captured", got)
+      H.gc()
+      assert.is_nil(weak[1]) -- it ended: nothing keeps its frame
     end)
 
     it("are dropped when the coroutine ends, and hold the new frame when it sets a value", function()
       local v = AsyncLocal.new()
       local weak = setmetatable({}, { __mode = "v" })
-      local c2
-      H.no_gc(function() -- a collection would move the anchors it counts
-        local before = core.stats().pending_anchors
-        local c1
-        do
-          local old = { "old" }
-          weak.old = old
-          c1, c2 = v:run(old, function()
-            return co.create(function() return v:get()[1] end), co.create(function()
-              v:set({ "new" })
-              weak.new = v:get()
-              co.yield(v:get()[1])
-              return v:get()[1]
-            end)
+      local c1, c2
+      do
+        local old = { "old" }
+        weak.old = old
+        c1, c2 = v:run(old, function()
+          return co.create(function() return v:get()[1] end), co.create(function()
+            v:set({ "new" })
+            weak.new = v:get()
+            co.yield(v:get()[1])
+            return v:get()[1]
           end)
-        end
-        assert.equal(before + 2, core.stats().pending_anchors)
-        assert.same({ true, "old" }, { co.resume(c1) })
-        assert.equal(before + 1, core.stats().pending_anchors) -- c1 ended
-        assert.same({ true, "new" }, { co.resume(c2) })
-        -- set() in a coroutine without a key in the thread-keyed ephemeron
-        -- rewrites its deferred anchor (an array write, no new hash key)
-        assert.equal(before + 1, core.stats().pending_anchors)
-      end)
+        end)
+      end
+      assert.same({ true, "old" }, { co.resume(c1) })
+      H.gc() -- c1 ended; c2 still holds the old frame
+      assert.equal("old", weak.old[1])
+      assert.same({ true, "new" }, { co.resume(c2) })
       H.gc() -- the old frame is held by nothing now; c2's new one by c2
       assert.is_nil(weak.old)
       assert.equal("new", weak.new[1])
       assert.same({ true, "new" }, { co.resume(c2) })
-      assert.equal(0, core.stats().pending_anchors)
     end)
 
     it("a set() whose anchoring runs finalizers that move the slot array keeps its slot's state", function()
-      -- set() in a coroutine with no anchor yet arms the per-cycle sentinel,
-      -- an allocation that can run finalizers; a coroutine token's
-      -- finalizer can free the last heap slot and move the slot array back
-      -- inline.  Collector steps are lined up with that allocation over a
-      -- range of paddings (a fresh process: it retunes the collector).
+      -- the allocations around a coroutine's first set() (its create, its
+      -- anchor key) can run collector steps; a coroutine token's finalizer
+      -- can free the last heap slot and move the slot array back inline.
+      -- Collector steps are lined up with them over a range of paddings
+      -- (a fresh process: it retunes the collector).
       local code, out, err = H.run_lua([==[
 local ah = require("async_hooks")
 local core = require("async_hooks.core")
@@ -355,13 +344,10 @@ for K = 0, 240, 2 do
     repeat collectgarbage("step", 0) until yflag
     local pad = string.rep("a", K) -- luacheck: ignore
     local _, child = coroutine.resume(co_main)
-    local pa = core.stats().pending_anchors
     collectgarbage("incremental", 200, 100, 13)
     collectgarbage(); collectgarbage(); collectgarbage()
     local ok, got = cc.resume(child)
-    -- co_main's frame and child's (made where a destroy hook exists, as
-    -- deferred as any coroutine's) are held by deferred anchors
-    if pa ~= 2 or not ok or got ~= "x" then bad = bad + 1 end
+    if not ok or got ~= "x" then bad = bad + 1 end
     cc.resume(co_main)
     collectgarbage(); collectgarbage()
   end
@@ -399,7 +385,7 @@ print("bad", bad)
       assert.same({ true, "b" }, { co.resume(c) })
     end)
 
-    it("do not keep an abandoned coroutine whose captured frame refers to it, nor its values", function()
+    it("do not keep an abandoned coroutine whose captured frame refers to it, nor its values, past one collection", function()
       local weak = setmetatable({}, { __mode = "k" })
       local v = AsyncLocal.new()
       do
@@ -412,14 +398,11 @@ print("bad", bad)
         weak.dframe = setmetatable({}, { __mode = "v" })
         weak.dframe[1] = d
       end
-      -- a coroutine that nothing refers to goes at the first collection;
-      -- one that its own frame refers to, once its anchor moved
-      H.gc()
+      -- both go at the first full collection, as without the library
+      collectgarbage()
       assert.is_nil(weak.dframe[1])
       weak.dframe = nil
-      H.gc_anchors()
       assert.is_nil(next(weak))
-      assert.equal(0, core.stats().pending_anchors)
     end)
   end)
 
@@ -436,7 +419,7 @@ print("bad", bad)
       co.resume(c)
       weak[a], weak[b], weak[c] = true, true, true
     end)
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     assert.is_nil(next(weak))
   end)
 
@@ -448,8 +431,8 @@ print("bad", bad)
       assert.equal(c, r.thread)
       weak[c] = true
     end
-    -- its resource refers to it: it goes once the deferred anchor moved
-    H.gc_anchors()
+    -- its resource refers to it: it goes at the first full collection
+    collectgarbage() -- one full collection, as without the library
     assert.is_nil(next(weak))
   end)
 
@@ -729,23 +712,23 @@ describe("coroutine review findings", function()
     -- a value set in it, its anchor old enough to have moved to the thread
     cos[1] = co.create(function() v:set(mk(1)); co.yield() end)
     co.resume(cos[1])
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     co.resume(cos[1])
     -- a frame it was created in, the same
     v:run(mk(2), function() cos[2] = co.create(function() co.yield() end) end)
     co.resume(cos[2])
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     co.resume(cos[2])
     -- its resource, asked for
     cos[3] = co.create(function() weak[3] = ah.executionAsyncResource(); co.yield() end)
     co.resume(cos[3])
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     co.resume(cos[3])
     -- a scope entered in it (its anchor keys made at once), then closed
     cos[4] = co.create(function() v:run(mk(4), function() co.yield() end) end)
     co.resume(cos[4])
     co.close(cos[4])
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     for i = 1, 4 do
       assert.equal("dead", co.status(cos[i]))
       assert.is_nil(weak[i], "value " .. i .. " alive")

@@ -608,81 +608,72 @@ print(coroutine.status(c), tostring(res().thread == nil))
 end)
 
 describe("a coroutine's resource made for its init", function()
-  -- held like its first frame: by a deferred anchor (an array entry), moved
-  -- to the thread-keyed ephemeron once it lived through pend_age cycles,
-  -- dropped when it ends
-  it("is held by a deferred anchor, moved after pend_age cycles, dropped at the end", function()
+  -- anchored by its thread: alive as long as the coroutine, dropped when it
+  -- ends, and never what keeps an abandoned coroutine alive
+  it("stays the same table while the coroutine lives, and goes with it", function()
     local code, out, err = H.run_lua([==[
 local ah = require("async_hooks").install()
-local core = require("async_hooks.core")
 local co = ah.coroutine
-local inits = {}
-ah.createHook { init = function(id, _, _, r) inits[id] = r end }:enable()
-local function pending() return core.stats().pending_anchors end
-collectgarbage(); collectgarbage()
-local base = pending()
+local inits, last = {}, nil
+ah.createHook { init = function(id, _, _, r) inits[id] = r; last = r end }:enable()
 local c = co.create(function()
   for _ = 1, 3 do co.yield(ah.executionAsyncResource()) end
   return ah.executionAsyncResource()
 end)
 local id = next(inits)
 local weak = setmetatable({ inits[id] }, { __mode = "v" })
-inits[id] = nil -- only the anchor holds it now
-print(pending() - base)
-for _ = 1, core.stats().pend_age - 1 do collectgarbage() end
+inits[id], last = nil, nil -- only the coroutine holds it now
+for _ = 1, 6 do collectgarbage() end
 local _, r1 = co.resume(c)
-print(pending() - base, r1 == weak[1], r1.thread == c)
+print(r1 == weak[1], r1.thread == c)
 r1 = nil -- luacheck: ignore 311
-collectgarbage() -- the pend_age-th: moved
+for _ = 1, 6 do collectgarbage() end
 local _, r2 = co.resume(c)
-print(pending() - base, r2 == weak[1])
+print(r2 == weak[1])
 r2 = nil -- luacheck: ignore 311
-collectgarbage(); collectgarbage()
-local _, r3 = co.resume(c)
-print(r3 == weak[1])
--- a coroutine that ends drops its anchor at once
+-- abandoned while suspended: it and its resource go at one collection
+local wc = setmetatable({ c }, { __mode = "v" })
+c = nil -- luacheck: ignore 311
+collectgarbage()
+print(wc[1] == nil, weak[1] == nil)
+-- one that ends drops it at once
 local d = co.create(function() co.yield(); return 1 end)
 co.resume(d)
-print(pending() - base)
+local wd = setmetatable({ last }, { __mode = "v" })
+inits, last = {}, nil
 co.resume(d)
-print(pending() - base, coroutine.status(d))
+collectgarbage()
+print(wd[1] == nil, coroutine.status(d))
 ]==])
     assert.equal("", err)
     assert.equal(0, code)
-    assert.equal("1\n1\ttrue\ttrue\n0\ttrue\ntrue\n1\n0\tdead\n", out)
+    assert.equal("true\ttrue\ntrue\ntrue\ttrue\ntrue\tdead\n", out)
   end)
 end)
 
 describe("a coroutine created while hooks exist, with a value set", function()
-  -- its captured frame is held by a deferred anchor too, as without hooks
-  it("keeps its frame in a deferred anchor, moved after pend_age cycles", function()
+  it("keeps its frame while it lives, and loses it with itself at one collection", function()
     local code, out, err = H.run_lua([==[
 local ah = require("async_hooks").install()
-local core = require("async_hooks.core")
 local co = ah.coroutine
 ah.createHook { destroy = function() end }:enable()
 local v = ah.AsyncLocal.new()
-local function pending() return core.stats().pending_anchors end
-collectgarbage(); collectgarbage()
-local base = pending()
 local weak = setmetatable({}, { __mode = "v" })
 local c = v:run({ "captured" }, function()
   weak[1] = v:get()
   return co.create(function() while true do co.yield(v:get()[1]) end end)
 end)
-print(pending() - base) -- its frame (no resource: no init hook)
-for _ = 1, core.stats().pend_age - 1 do collectgarbage() end
-print(pending() - base, select(2, co.resume(c)), weak[1] ~= nil)
-collectgarbage() -- moved
-collectgarbage()
-print(pending() - base, select(2, co.resume(c)), weak[1] ~= nil)
+for _ = 1, 6 do collectgarbage() end
+print(select(2, co.resume(c)), weak[1] ~= nil)
+for _ = 1, 6 do collectgarbage() end
+print(select(2, co.resume(c)), weak[1] ~= nil)
 c = nil -- luacheck: ignore 311
-for _ = 1, 3 do collectgarbage() end
+collectgarbage()
 print(weak[1] == nil)
 ]==])
     assert.equal("", err)
     assert.equal(0, code)
-    assert.equal("1\n1\tcaptured\ttrue\n0\tcaptured\ttrue\ntrue\n", out)
+    assert.equal("captured\ttrue\ncaptured\ttrue\ntrue\n", out)
   end)
 end)
 
@@ -928,7 +919,7 @@ describe("emitDestroy inside the resource's own scope", function()
       co.resume(c)
       r, c = nil, nil -- luacheck: ignore 311 (abandoned inside the scope)
     end
-    H.gc_anchors()
+    collectgarbage() -- one full collection, as without the library
     boundary()
     h:disable()
     local n = 0

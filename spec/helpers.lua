@@ -106,13 +106,4 @@ function H.gc()
   collectgarbage("collect")
 end
 
---- Enough full collections for a coroutine whose frame refers to it, once
--- abandoned, to go: its deferred anchor moves to the thread-keyed
--- ephemeron after `pend_age` cycles (core.stats()), then one more cycle.
-function H.gc_anchors()
-  for _ = 1, require("async_hooks.core").stats().pend_age + 1 do
-    collectgarbage("collect")
-  end
-end
-
 return H

@@ -38,9 +38,7 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "fast_callbacks");
   lua_pushboolean(L, st->extra);
   lua_setfield(L, -2, "extraspace");
-  lua_pushinteger(L, st->npend - st->ntokpend);
-  lua_setfield(L, -2, "pending_anchors");
-  lua_pushinteger(L, st->ntokpend);
+  lua_pushinteger(L, st->npend);
   lua_setfield(L, -2, "pending_tokens");
   lua_pushinteger(L, AH_PEND_AGE);
   lua_setfield(L, -2, "pend_age");

@@ -56,11 +56,9 @@ enum {
   AUX_LUV,       /* luv integration state */
   AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
-  AUX_PEND,      /* slot -> frame: deferred anchors (strong; see slots.c) */
-  AUX_PENDR,     /* slot -> resource: the same for resources */
   AUX_TCORO,     /* the string "coroutine" (init's type, not re-interned) */
   AUX_KTHREAD,   /* the string "thread" (a thread's resource's key) */
-  AUX_PEND_MT,   /* metatable of the per-cycle anchor sentinel */
+  AUX_PEND_MT,   /* metatable of the per-cycle token sentinel */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_SLOTS,     /* the slot array once grown beyond the inline one: a
@@ -89,10 +87,10 @@ typedef struct ah_slot {
   unsigned char destroyed; /* destroy already queued or delivered */
   unsigned char has_gc;    /* a finalizer token frees the slot */
   unsigned char anchored;  /* A_FRAME: frame not empty; A_RES: resource set */
-  unsigned char pend_age;  /* A_PEND: collection cycles its thread lived
-                           ** through with the anchor deferred */
+  unsigned char pend_age;  /* A_TOKPEND: collection cycles its thread
+                           ** lived through without a token */
 } ah_slot;
-/* a deferred anchor moves to T once its thread lived through this many
+/* a has_gc thread gets its finalizer token once it lived through this many
 ** collection cycles (see slots.c's pend_gc) */
 #define AH_PEND_AGE 4
 
@@ -139,9 +137,7 @@ typedef struct ah_state {
   int closed;                /* state finalized (lua_close) */
   int heap_stale;            /* the slots are inline again: AUX_SLOTS can go */
   int extra;                 /* LUA_EXTRASPACE is ours (the host's was zero) */
-  int npend;                 /* A_PEND, A_STALE, A_TOKPEND and A_PENDR
-                             ** flags set, over all slots */
-  int ntokpend;              /* ... of which with A_TOKPEND */
+  int npend;                 /* A_TOKPEND flags set, over all slots */
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
@@ -168,11 +164,7 @@ typedef struct ah_state {
 ** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
 ** thread's key exists in T / AUX_TR, so writing it cannot allocate */
 enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
-       A_PEND = 16,    /* the frame is anchored in AUX_PEND, not T */
-       A_STALE = 32,   /* free slot whose AUX_PEND entry is still set */
-       A_TOKPEND = 64,  /* has_gc, its finalizer token not made yet */
-       A_PENDR = 128 }; /* the resource is anchored in AUX_PENDR, not AUX_TR
-                        ** (AKEY_RES is set with it: writes cannot fail) */
+       A_TOKPEND = 16 }; /* has_gc, its finalizer token not made yet */
 
 /* Files, bottom up; each calls only files listed before it (checked
 ** by `make callgraph`, tests/callgraph.sh):
@@ -219,12 +211,8 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind);
 int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
                  lua_Integer trigger);
-void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
-                     int frame_idx);
 void ah_arm_anchors(lua_State *L, ah_state *st);
 void ah_rearm(lua_State *L, ah_state *st);
-void ah_drop_stale(lua_State *L, ah_state *st, int s);
-void ah_reserve_anchor(lua_State *L, ah_state *st);
 void ah_release(lua_State *L, ah_state *st, int s);
 void ah_set_frame(lua_State *L, int s, int idx);
 void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx);
@@ -236,8 +224,6 @@ static inline int ah_no_resource(lua_State *L, int idx) {
 /* anchors.c: the anchors' primitives slots.c uses */
 void ah_eph_set(lua_State *L, ah_state *st, int eph, int thread_idx, int idx);
 void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx);
-void ah_unpend(lua_State *L, ah_state *st, int s);
-void ah_unpendr(lua_State *L, ah_state *st, int s);
 void ah_new_thread_resource(lua_State *L, int thread_idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);

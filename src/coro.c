@@ -56,7 +56,9 @@ static int co_create(lua_State *L) {
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
-    if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
+    /* its anchor, keyed by the new thread: can fail (a new key; it runs
+    ** no finalizer), so first */
+    if (framed) ah_eph_set(L, st, AH_UV_T, top, top + 1);
     /* checked after the steps that allocate: their finalizers can take the
     ** last free slot or enable a hook */
     if (ah_unlikely((st->free_low < 0 && st->free_high < 0) ||
@@ -72,10 +74,7 @@ static int co_create(lua_State *L) {
       ah_bind_thread_table(L, ns, top);
     lua_pushvalue(L, top);
     lua_rawseti(L, AH_UV_TH, ns);
-    if (framed)
-      ah_anchor_frame(L, st, ns, top, top + 1);
-    else if (ah_unlikely(st->slots[ns].anchored & A_STALE))
-      ah_drop_stale(L, st, ns);
+    if (framed) st->slots[ns].anchored |= A_FRAME | AKEY_FRAME;
     lua_rawseti(L, AH_UV_F, ns);
     st->fgen++; /* frame writes are counted (see luv.c's rearm) */
     return 1;

@@ -1,7 +1,7 @@
 /*
 ** slots.c - the native store of execution contexts: slot allocation, slot
-** lifetime (release, the sweep, the per-cycle sentinel that moves deferred
-** anchors and makes finalizer tokens), and the ids.
+** lifetime (release, the sweep, the per-cycle sentinel that makes
+** finalizer tokens), and the ids.
 **
 ** See core.h for the model.  A slot is allocated when a thread first needs a
 ** context (the main thread at load time, a coroutine at create time, any
@@ -95,6 +95,24 @@ static void free_slot(ah_state *st, int s) {
 /* --------------------------------------------------------------------- */
 /* slot lifetime                                                          */
 
+/* re-arm the sentinel if work is pending and it is not armed (its own
+** re-arming ran out of memory); allocates: for paths that may raise, before
+** they change anything (ah_register, coroutine resumes with hooks) */
+void ah_rearm(lua_State *L, ah_state *st) {
+  if (ah_unlikely(st->npend && !st->armed)) ah_arm_anchors(L, st);
+}
+
+/* make sure a sentinel will run at the end of the next collection cycle
+** (allocates, can run finalizers: callers arm before anything changes) */
+void ah_arm_anchors(lua_State *L, ah_state *st) {
+  if (st->armed) return;
+  lua_newuserdatauv(L, 0, 0);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND_MT);
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+  st->armed = 1;
+}
+
 /* finalizer token of a coroutine created while destroy hooks exist */
 typedef struct ah_cotok {
   ah_state *st;
@@ -102,8 +120,7 @@ typedef struct ah_cotok {
 } ah_cotok;
 
 static void clear(lua_State *L, ah_state *st, int s) {
-  if (st->slots[s].anchored & A_PEND) ah_unpend(L, st, s);
-  if (st->slots[s].anchored & A_PENDR) ah_unpendr(L, st, s);
+  (void)st;
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
@@ -130,7 +147,6 @@ static void thread_gone(lua_State *L, ah_state *st, int s) {
 static void tok_settled(ah_state *st, int s) {
   st->slots[s].anchored &= ~A_TOKPEND;
   st->npend--;
-  st->ntokpend--;
 }
 
 /* A finished thread keeps nothing of its context, as a dead coroutine
@@ -139,7 +155,7 @@ static void tok_settled(ah_state *st, int s) {
 ** executionAsyncResource() in that hook finds it (see ah_ov). */
 static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
   unsigned char a = st->slots[s].anchored;
-  int res = (a & AKEY_RES) && !(a & A_PENDR) && !st->dispatching;
+  int res = (a & AKEY_RES) && !st->dispatching;
   if (!(a & AKEY_FRAME) && !res) return;
   if (!lua_checkstack(L, 4)) return; /* (no memory: they go with the thread) */
   if (lua_rawgeti(L, AH_UV_TH, s) == LUA_TTHREAD) {
@@ -166,21 +182,6 @@ static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
 void ah_release(lua_State *L, ah_state *st, int s) {
   ah_slot *sl = &st->slots[s];
   if (ah_unlikely(sl->kind == AH_KMAIN)) return;
-  if (ah_unlikely(st->dispatching) &&
-      (sl->anchored & (A_PENDR | A_RES)) == (A_PENDR | A_RES)) {
-    /* released inside a hook (a coroutine closed from its own before or
-    ** after): its resource is anchored by its thread from now on, where
-    ** executionAsyncResource() in that hook finds it (see ah_ov).  First,
-    ** as it can fail (inside a hook: a hook's error) */
-    luaL_checkstack(L, 4, "async_hooks");
-    lua_rawgeti(L, AH_UV_AUX, AUX_TR);
-    lua_rawgeti(L, AH_UV_TH, s);
-    lua_rawgeti(L, AH_UV_AUX, AUX_PENDR);
-    lua_rawgeti(L, -1, s);
-    lua_replace(L, -2);
-    if (lua_type(L, -2) == LUA_TTHREAD) lua_rawset(L, -3); else lua_pop(L, 2);
-    lua_pop(L, 1);
-  }
   if (ah_unlikely(sl->has_gc)) {
     if (sl->gctok) {
       ((ah_cotok *)sl->gctok)->slot = -1;
@@ -202,18 +203,9 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     lua_pop(L, 1);
   }
   if (ah_unlikely(sl->anchored & (AKEY_FRAME | AKEY_RES))) drop_thread_anchors(L, st, s);
-  if (sl->anchored & A_PENDR) ah_unpendr(L, st, s);
-  if (sl->anchored & (A_RES | A_PEND)) {
-    if (sl->anchored & A_RES) {
-      lua_pushnil(L);
-      lua_rawseti(L, AH_UV_R, s);
-    }
-    if (sl->anchored & A_PEND) {
-      if (s < AH_INLINE) /* dropped by the next anchor here, or the sentinel */
-        sl->anchored = (unsigned char)((sl->anchored & ~A_PEND) | A_STALE);
-      else /* heap slots can go away (maybe_shrink): drop it now */
-        ah_unpend(L, st, s);
-    }
+  if (sl->anchored & A_RES) {
+    lua_pushnil(L);
+    lua_rawseti(L, AH_UV_R, s);
   }
   free_slot(st, s);
   if (ah_unlikely(st->heap_stale)) { /* the array shrank back: let it go */
@@ -273,25 +265,17 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
       sweep(L, st) < st->cap / 4 && !grow(L, st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
-  /* a coroutine's frame gets a deferred anchor (see ah_anchor_frame):
-  ** its key first (can fail, and can run finalizers, which can take free
-  ** slots: checked again) */
-  framed = kind != AH_KMAIN && lua_topointer(L, frame_idx) != st->empty;
-  if (framed) {
-    ah_reserve_anchor(L, st);
-    if (ah_unlikely(st->free_low < 0 && st->free_high < 0))
-      luaL_error(L, "not enough memory for a context slot");
-  }
+  /* the frame's anchor first: a new key can fail (it runs no finalizer) */
+  framed = lua_topointer(L, frame_idx) != st->empty;
+  if (framed) ah_eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
   s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
-  if (!framed && (sl->anchored & A_STALE)) ah_drop_stale(L, st, s);
   sl->gctok = NULL;
   sl->has_gc = (unsigned char)has_gc;
   if (has_gc) {
     sl->anchored |= A_TOKPEND;
     sl->pend_age = 0;
     st->npend++;
-    st->ntokpend++;
   }
   sl->kind = (unsigned char)kind;
   if (kind == AH_KMAIN) {
@@ -304,12 +288,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
-  if (framed) {
-    ah_anchor_frame(L, st, s, thread_idx, frame_idx);
-  } else if (kind == AH_KMAIN && lua_topointer(L, frame_idx) != st->empty) {
-    ah_eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
-    sl->anchored |= A_FRAME | AKEY_FRAME;
-  }
+  if (framed) sl->anchored |= A_FRAME | AKEY_FRAME;
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
@@ -332,7 +311,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
   sl->kind = AH_KCORO;
   sl->destroyed = 0;
   sl->scopes = 0;
-  sl->anchored &= A_STALE; /* the caller overwrites or drops that entry */
+  sl->anchored = 0;
   sl->base_id = sl->id = st->next_id++;
   sl->base_trigger = sl->trigger = trigger;
   return s;
@@ -411,11 +390,10 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
   lua_pop(L, 1);
 }
 
-/* __gc of the sentinel: move the deferred anchors of coroutines that lived
-** through AH_PEND_AGE cycles to T and give them their finalizer tokens
-** (that allocates: a failure leaves the rest pending for the next cycle),
-** drop the anchors of collected ones and queue their destroys, and
-** re-arm */
+/* __gc of the sentinel: give the has_gc coroutines that lived through
+** AH_PEND_AGE cycles their finalizer tokens (that allocates: a failure
+** leaves the rest pending for the next cycle), queue the destroys of the
+** ones collected before, and re-arm */
 static int pend_gc(lua_State *L) {
   ah_state *st = ah_st(L);
   int i;
@@ -424,54 +402,17 @@ static int pend_gc(lua_State *L) {
   ah_arm_anchors(L, st); /* first: a failure below leaves work for it (a
                          ** failure here, for the next ah_rearm) */
   lua_settop(L, 0);
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
   for (i = 1; i < st->cap && st->npend > 0; i++) {
     ah_slot *sl = &st->slots[i];
-    int alive;
-    if (sl->anchored & A_STALE) { /* a free slot's leftover */
-      ah_drop_stale(L, st, i);
-      continue;
+    if (!sl->L || !(sl->anchored & A_TOKPEND)) continue;
+    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 1: alive */
+      /* young: most coroutines end before they need a token */
+      if (++sl->pend_age >= AH_PEND_AGE) make_token(L, st, i, 1);
+    } else { /* collected before its token was made */
+      tok_settled(st, i);
+      thread_gone(L, st, i);
     }
-    if (!sl->L || !(sl->anchored & (A_PEND | A_TOKPEND | A_PENDR))) continue;
-    alive = lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD; /* 2 */
-    if (alive && ++sl->pend_age < AH_PEND_AGE) { /* young: most coroutines
-      ** end before they are old enough to need a move or a token */
-      lua_settop(L, 1);
-      continue;
-    }
-    if (sl->anchored & A_PEND) {
-      if (alive) {
-        lua_pushvalue(L, 2);
-        lua_rawgeti(L, 1, i);
-        lua_rawset(L, AH_UV_T);
-        sl->anchored |= AKEY_FRAME;
-      }
-      lua_pushnil(L);
-      lua_rawseti(L, 1, i);
-      sl->anchored &= ~A_PEND;
-      st->npend--;
-    }
-    if (sl->anchored & A_PENDR) {
-      if (alive) {
-        lua_rawgeti(L, AH_UV_AUX, AUX_TR); /* 3 */
-        lua_pushvalue(L, 2);
-        lua_rawgeti(L, AH_UV_AUX, AUX_PENDR); /* 5 */
-        lua_rawgeti(L, 5, i);
-        lua_replace(L, 5);
-        lua_rawset(L, 3); /* can fail: the rest waits for the next cycle */
-        lua_settop(L, 2);
-      }
-      ah_unpendr(L, st, i);
-    }
-    if (sl->anchored & A_TOKPEND) {
-      if (alive) {
-        make_token(L, st, i, 2);
-      } else { /* collected before its token was made */
-        tok_settled(st, i);
-        thread_gone(L, st, i);
-      }
-    }
-    lua_settop(L, 1);
+    lua_settop(L, 0);
   }
   return 0;
 }
@@ -581,10 +522,6 @@ void ah_open_slots(lua_State *L) {
 
   ah_new_metatable(L, "async_hooks.cotoken", "__gc", cotok_gc, AUX_COTOK_MT);
   ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);
-  lua_createtable(L, AH_INLINE, 0);
-  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
-  lua_createtable(L, AH_INLINE, 0);
-  lua_rawseti(L, AH_UV_AUX, AUX_PENDR);
   ah_weak_table(L, "k", 0);
   lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
