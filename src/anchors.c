@@ -85,19 +85,74 @@ void ah_set_guard(lua_State *L, int idx) {
 ** when there is nothing to anchor) until the slot is released, so that a
 ** restore, which only ever returns to a value the thread had before, never
 ** allocates.  F[s] and R[s] exist from registration on. */
+/* Plain frames.  A frame whose values are all strings, numbers, booleans
+** or nil refers to nothing that can reach a thread (its keys are tokens,
+** weak), so holding it strongly changes no object's lifetime but its own:
+** a coroutine whose frames were all plain keeps its frame in AUX_PEND[s]
+** (an array write) instead of a new key in T (a hash insert and, at the
+** end, a removal).  frames.c gives plain frames their own metatable. */
+int ah_frame_plain(lua_State *L, ah_state *st, int idx) {
+  const void *mt, *p = lua_topointer(L, idx);
+  if (p == st->empty) return 1;
+  /* the frame made last is known (exact: see frames.c's push_frame_with) */
+  if (p == st->lastf) return st->lastplain;
+  if (!lua_getmetatable(L, idx)) return 0;
+  mt = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  return mt == st->plain_mt;
+}
+
+/* AUX_PEND[s] = the value at idx (AUX_PEND has an array entry for every
+** slot index, false when unused: the write cannot fail) */
+void ah_pend_set(lua_State *L, int s, int idx) {
+  idx = lua_absindex(L, idx);
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, s);
+  lua_pop(L, 1);
+}
+
+/* Anchor the frame at idx (absolute; not the empty one) as the frame of
+** slot s, whose thread is at thread_idx (0: the running one).  A thread
+** with a key in T keeps using it (a write to an existing key cannot
+** fail); one whose frames were all plain keeps them in AUX_PEND; its
+** first frame that is not plain moves it to T for good (a new key, which
+** can fail: first, before anything changes). */
+static void anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
+                         int idx) {
+  ah_slot *sl = &st->slots[s];
+  if (!(sl->anchored & AKEY_FRAME) && sl->kind != AH_KMAIN &&
+      ah_frame_plain(L, st, idx)) {
+    ah_pend_set(L, s, idx);
+    sl->anchored |= A_PEND;
+  } else {
+    ah_eph_set(L, st, AH_UV_T, thread_idx, idx);
+    if (sl->anchored & A_PEND) {
+      lua_pushboolean(L, 0);
+      ah_pend_set(L, s, -1);
+      lua_pop(L, 1);
+      sl->anchored &= ~A_PEND;
+    }
+    sl->anchored |= AKEY_FRAME;
+  }
+  sl->anchored |= A_FRAME;
+}
+
 /* F[s] = the frame at idx, anchored by the thread at thread_idx (0: the
 ** running one); the empty frame needs no anchor (written as false where
-** the thread's key exists, which keeps the key) */
+** the thread has an anchor, which keeps its key or entry) */
 static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
                          int idx) {
   if (idx < 0) idx = lua_absindex(L, idx);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (lua_topointer(L, idx) != st->empty) {
-    ah_eph_set(L, st, AH_UV_T, thread_idx, idx); /* first: can fail */
-    st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
+    anchor_frame(L, st, s, thread_idx, idx); /* first: can fail */
   } else if (st->slots[s].anchored & A_FRAME) {
     lua_pushboolean(L, 0);
-    ah_eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
+    if (st->slots[s].anchored & A_PEND)
+      ah_pend_set(L, s, -1);
+    else
+      ah_eph_set(L, st, AH_UV_T, thread_idx, lua_gettop(L));
     lua_pop(L, 1);
     st->slots[s].anchored &= ~A_FRAME;
   }
@@ -167,8 +222,7 @@ void ah_set_frame(lua_State *L, int s, int idx) {
 ** callers that hold st already (set, run): anchor it (first: can fail),
 ** then F[s] */
 void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
-  ah_eph_set(L, st, AH_UV_T, 0, idx);
-  st->slots[s].anchored |= A_FRAME | AKEY_FRAME;
+  anchor_frame(L, st, s, 0, idx);
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++; /* every write of F[s] is counted (luv.c's rearm, dispatch) */

@@ -59,6 +59,8 @@ enum {
   AUX_TCORO,     /* the string "coroutine" (init's type, not re-interned) */
   AUX_KTHREAD,   /* the string "thread" (a thread's resource's key) */
   AUX_PEND_MT,   /* metatable of the per-cycle token sentinel */
+  AUX_PEND,      /* slot -> plain frame, or false: see ah_frame_plain */
+  AUX_FRAME_PMT, /* metatable of plain frames (see frames.c) */
   AUX_TSLOT,     /* thread -> slot, or false once released (weak keys):
                  ** the lookup used when the host owns LUA_EXTRASPACE */
   AUX_SLOTS,     /* the slot array once grown beyond the inline one: a
@@ -141,8 +143,10 @@ typedef struct ah_state {
   int armed;                 /* a sentinel will move them at the next cycle */
   int last_slot;             /* !extra: slot of the thread last looked up */
   const void *empty;         /* the empty frame */
+  const void *plain_mt;      /* the metatable of plain frames */
   const void *lastf;         /* the frame push_frame_with made last ... */
   int lastn;                 /* ... and its number of entries (frames.c) */
+  int lastplain;             /* ... and whether it is plain (anchors.c) */
   lua_Integer *dq;           /* queued destroy ids */
   size_t dq_n, dq_cap;
   lua_Integer *cb;           /* native stack of entered luv trampolines */
@@ -164,7 +168,8 @@ typedef struct ah_state {
 ** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
 ** thread's key exists in T / AUX_TR, so writing it cannot allocate */
 enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
-       A_TOKPEND = 16 }; /* has_gc, its finalizer token not made yet */
+       A_TOKPEND = 16, /* has_gc, its finalizer token not made yet */
+       A_PEND = 32 };  /* the frame is anchored in AUX_PEND[s], not T */
 
 /* Files, bottom up; each calls only files listed before it (checked
 ** by `make callgraph`, tests/callgraph.sh):
@@ -223,6 +228,8 @@ static inline int ah_no_resource(lua_State *L, int idx) {
 }
 /* anchors.c: the anchors' primitives slots.c uses */
 void ah_eph_set(lua_State *L, ah_state *st, int eph, int thread_idx, int idx);
+int ah_frame_plain(lua_State *L, ah_state *st, int idx);
+void ah_pend_set(lua_State *L, int s, int idx);
 void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx);
 void ah_new_thread_resource(lua_State *L, int thread_idx);
 void ah_push_resource(lua_State *L, ah_state *st, int s);

@@ -51,14 +51,16 @@ static int co_create(lua_State *L) {
   top = lua_gettop(L);
   s = ah_slot_of(L, st);
   if (ah_likely(!st->nhooks[AH_INIT] && !st->nhooks[AH_DESTROY])) {
-    int ns, framed;
+    int ns, framed, plain;
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
-    /* its anchor, keyed by the new thread: can fail (a new key; it runs
-    ** no finalizer), so first */
-    if (framed) ah_eph_set(L, st, AH_UV_T, top, top + 1);
+    /* its anchor: a plain frame in AUX_PEND (cannot fail), else a new key
+    ** in T, keyed by the new thread (can fail; it runs no finalizer):
+    ** first */
+    plain = framed && ah_frame_plain(L, st, top + 1);
+    if (framed && !plain) ah_eph_set(L, st, AH_UV_T, top, top + 1);
     /* checked after the steps that allocate: their finalizers can take the
     ** last free slot or enable a hook */
     if (ah_unlikely((st->free_low < 0 && st->free_high < 0) ||
@@ -74,7 +76,12 @@ static int co_create(lua_State *L) {
       ah_bind_thread_table(L, ns, top);
     lua_pushvalue(L, top);
     lua_rawseti(L, AH_UV_TH, ns);
-    if (framed) st->slots[ns].anchored |= A_FRAME | AKEY_FRAME;
+    if (plain) {
+      ah_pend_set(L, ns, top + 1);
+      st->slots[ns].anchored |= A_FRAME | A_PEND;
+    } else if (framed) {
+      st->slots[ns].anchored |= A_FRAME | AKEY_FRAME;
+    }
     lua_rawseti(L, AH_UV_F, ns);
     st->fgen++; /* frame writes are counted (see luv.c's rearm) */
     return 1;

@@ -81,6 +81,15 @@ static int l_get(lua_State *L) {
   return 1;
 }
 
+/* a value that refers to no object: nothing it holds can reach a thread */
+static int plain_value(lua_State *L, int idx) {
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL: case LUA_TBOOLEAN: case LUA_TNUMBER: case LUA_TSTRING:
+    case LUA_TLIGHTUSERDATA: return 1;
+    default: return 0;
+  }
+}
+
 /* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
 ** frame (returns 1), or F[s] again when it already maps tok to that very
 ** value (returns 0).
@@ -96,7 +105,7 @@ static int l_get(lua_State *L) {
 ** walks the entries that are there. */
 static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                            int val) {
-  int fr, nf, n = 0, had;
+  int fr, nf, n = 0, had, plain;
   const void *p;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
@@ -141,10 +150,14 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   else
     lua_pushvalue(L, val);
   lua_rawset(L, nf);
-  lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
+  /* plain (see ah_frame_plain): the value and the entries copied are
+  ** (an entry replaced in a frame that is not plain counts as not) */
+  plain = plain_value(L, val) && ah_frame_plain(L, st, fr);
+  lua_rawgeti(L, AH_UV_AUX, plain ? AUX_FRAME_PMT : AUX_FRAME_MT);
   lua_setmetatable(L, nf);
   st->lastf = lua_topointer(L, nf); /* complete: remember it */
   st->lastn = n + !had;
+  st->lastplain = plain;
   return 1;
 }
 
@@ -212,8 +225,9 @@ static int l_enter_frame(lua_State *L) {
 static void check_frame(lua_State *L, int idx) {
   int ok = lua_getmetatable(L, idx);
   if (ok) {
+    const void *mt = lua_topointer(L, -1);
     lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
-    ok = lua_rawequal(L, -1, -2);
+    ok = mt == lua_topointer(L, -1) || mt == ah_st(L)->plain_mt;
     lua_pop(L, 2);
   }
   if (!ok || lua_type(L, idx) != LUA_TTABLE) luaL_typeerror(L, idx, "frame");
@@ -342,6 +356,16 @@ void ah_open_frames(lua_State *L) {
   lua_setfield(L, -2, "__close");
   lua_pushvalue(L, -1);
   lua_rawseti(L, AH_UV_AUX, AUX_FRAME_MT);
+  /* plain frames' metatable: the same fields, another identity */
+  lua_createtable(L, 0, 4);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+  }
+  ah_st(L)->plain_mt = lua_topointer(L, -1);
+  lua_rawseti(L, AH_UV_AUX, AUX_FRAME_PMT);
   lua_newtable(L);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);

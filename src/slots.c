@@ -39,6 +39,14 @@ static int grow(lua_State *L, ah_state *st) {
   int ocap = st->cap, ncap = ocap * 2, i;
   ah_slot *n;
   if (ncap <= ocap || (size_t)ncap > SIZE_MAX / sizeof(ah_slot)) return 0;
+  /* AUX_PEND gets an entry for every new slot first (see ah_pend_set);
+  ** raw sets run no finalizer */
+  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  for (i = ocap; i < ncap; i++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pop(L, 1);
   n = (ah_slot *)lua_newuserdatauv(L, sizeof(ah_slot) * (size_t)ncap, 0);
   if (st->cap != ocap) { /* a finalizer shrank it meanwhile: slots are free */
     lua_pop(L, 1);
@@ -119,6 +127,9 @@ typedef struct ah_cotok {
   int slot; /* -1 once the slot was given back */
 } ah_cotok;
 
+/* AUX_PEND[s] of a free slot can still hold its last owner's plain frame:
+** harmless (it reaches no thread, see ah_frame_plain), and overwritten by
+** the next owner's; not clearing it saves a write per coroutine */
 static void clear(lua_State *L, ah_state *st, int s) {
   (void)st;
   lua_pushnil(L);
@@ -249,7 +260,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind) {
   lua_State *co;
   ah_slot *sl;
-  int s, framed, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
+  int s, framed, plain, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
@@ -265,9 +276,11 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
       sweep(L, st) < st->cap / 4 && !grow(L, st) &&
       st->free_low < 0 && st->free_high < 0)
     luaL_error(L, "not enough memory for a context slot");
-  /* the frame's anchor first: a new key can fail (it runs no finalizer) */
+  /* the frame's anchor: a plain one in AUX_PEND, else a new key in T,
+  ** first (can fail; it runs no finalizer) */
   framed = lua_topointer(L, frame_idx) != st->empty;
-  if (framed) ah_eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
+  plain = framed && kind != AH_KMAIN && ah_frame_plain(L, st, frame_idx);
+  if (framed && !plain) ah_eph_set(L, st, AH_UV_T, thread_idx, frame_idx);
   s = ah_take_slot(L, st, co, trigger);
   sl = &st->slots[s];
   sl->gctok = NULL;
@@ -288,7 +301,12 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
   ** indices are dense from 1: F, R and TH keep them in their array part */
   lua_pushvalue(L, thread_idx);
   lua_rawseti(L, AH_UV_TH, s);
-  if (framed) sl->anchored |= A_FRAME | AKEY_FRAME;
+  if (plain) {
+    ah_pend_set(L, s, frame_idx);
+    sl->anchored |= A_FRAME | A_PEND;
+  } else if (framed) {
+    sl->anchored |= A_FRAME | AKEY_FRAME;
+  }
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
@@ -522,6 +540,12 @@ void ah_open_slots(lua_State *L) {
 
   ah_new_metatable(L, "async_hooks.cotoken", "__gc", cotok_gc, AUX_COTOK_MT);
   ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);
+  lua_createtable(L, AH_INLINE, 0); /* an entry per slot: see ah_pend_set */
+  for (i = 1; i <= AH_INLINE; i++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, i);
+  }
+  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
   ah_weak_table(L, "k", 0);
   lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
   for (i = AUX_TR; i <= AUX_TGC; i++) {
