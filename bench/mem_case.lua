@@ -1,7 +1,10 @@
 --- One memory measurement for bench/memory.lua, in a fresh process:
---   lua5.4 bench/mem_case.lua <churn|suspended|pending> <generational|incremental> <variant> <n> [memcount.so]
--- variant: "raw" (library loaded, not installed: raw coroutines and luv),
--- "installed" (nothing set) or "value" (an AsyncLocal set).  memcount.so
+--   lua5.4 bench/mem_case.lua <case> <generational|incremental> <variant> <n> [memcount.so]
+-- case: churn, suspended, pending, or one of the abandoning programs
+-- abandon, generator, idle.  variant: "raw" (library loaded, not
+-- installed: raw coroutines and luv), "installed" (nothing set), "value"
+-- (an AsyncLocal set) or "hooks_res" (installed, a value set, a Node-style
+-- 4-parameter init and before/after hooks that ask for the resource).  memcount.so
 -- (bench/memcount.c, built by bench/memory.lua) measures everything malloc
 -- holds (Lua heap, luv, the library's C arrays); without it only the Lua
 -- heap is measured.  Prints one line "RESULT key=value ...".
@@ -19,6 +22,16 @@ if variant ~= "raw" then
   co = ah.coroutine
 end
 local v = ah.AsyncLocal.new()
+if variant == "hooks_res" then
+  local seen = 0
+  ah.createHook {
+    init = function(_, _, _, resource) if resource then seen = seen + 1 end end,
+    before = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
+    after = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
+    destroy = function() seen = seen - 1 end,
+  }:enable()
+  v:set({ request = 1 })
+end
 local function with_value(f, ...)
   if variant == "value" then return v:run({ outer = true }, f, ...) end
   return f(...)
@@ -125,6 +138,63 @@ function cases.pending()
     for _, tm in ipairs(ts) do tm:close() end
     uv.run("nowait")
   end)
+end
+
+--- the programs that drop suspended coroutines (the live heap must stay
+-- what plain Lua's is): the peak Lua heap, sampled every 1000 steps, and
+-- the heap after a full collection, in KiB
+local function abandoning(step)
+  full_gc()
+  local start, peak = collectgarbage("count"), 0
+  for i = 1, n do
+    step()
+    if i % 1000 == 0 then
+      local kb = collectgarbage("count")
+      if kb > peak then peak = kb end
+    end
+  end
+  full_gc()
+  return ("start=%.1f peak=%.1f end=%.1f"):format(start, peak, collectgarbage("count"))
+end
+
+--- coroutines resumed once and dropped while suspended
+function cases.abandon()
+  local create, resume = coroutine.create, coroutine.resume
+  return abandoning(function()
+    local c = create(function() yield() end)
+    resume(c)
+  end)
+end
+
+--- the generator idiom left early: for v in coroutine.wrap(gen) ... break
+function cases.generator()
+  local wrap = coroutine.wrap
+  local function gen() for k = 1, 100 do yield(k) end end
+  return abandoning(function()
+    for x in wrap(gen) do if x == 50 then break end end
+  end)
+end
+
+--- a coroutine dropped while suspended in each luv idle callback
+function cases.idle()
+  local create, resume = coroutine.create, coroutine.resume
+  local idle, left, res = uv.new_idle(), n, nil
+  full_gc()
+  local start, peak = collectgarbage("count"), 0
+  idle:start(function()
+    local c = create(function() yield() end)
+    resume(c)
+    left = left - 1
+    if left % 1000 == 0 then
+      local kb = collectgarbage("count")
+      if kb > peak then peak = kb end
+    end
+    if left == 0 then idle:stop(); idle:close() end
+  end)
+  uv.run()
+  full_gc()
+  res = ("start=%.1f peak=%.1f end=%.1f"):format(start, peak, collectgarbage("count"))
+  return res
 end
 
 local f = assert(cases[what], "unknown case " .. tostring(what))

@@ -48,6 +48,8 @@
 --    B.new_ids([trigger])      id, trigger of a new resource (trigger an integer
 --                              >= -1, already checked; nil: the current id)
 --    B.emit_init(id, type, trigger, resource), B.emit_destroy(id)
+--    B.flush()                 deliver queued destroys now, unless a hook,
+--                              finalizer, callback, resume or scope is running
 --    B.gc_token(id), B.gc_token_cancel(tok)
 --                              destroy(id) when the token is collected / never
 --    B.hook_count(kind)        enabled hook functions of kind "init", "before",
@@ -449,6 +451,14 @@ return function(B)
   -- @treturn table
   ---@type fun(): table
   M.executionAsyncResource = B.executionAsyncResource
+
+  --- Deliver the queued `destroy` hooks now, for event loops the library
+  -- does not integrate.  Does nothing inside a hook or a finalizer, nor
+  -- while a callback, resume or scope is running (they deliver them when
+  -- the outermost one returns).
+  -- @function flush
+  ---@type fun()
+  M.flush = function() B.flush() end
 
   ---@class AsyncHook
   ---@field init fun(asyncId: integer, type: string, triggerAsyncId: integer, resource: table)|nil

@@ -30,6 +30,7 @@ B.empty_frame = core.empty_frame
 B.executionAsyncId = core.executionAsyncId
 B.triggerAsyncId = core.triggerAsyncId
 B.executionAsyncResource = core.executionAsyncResource
+B.flush = core.flush
 B.new_ids = core.new_ids
 B.emit_init = core.emit_init
 B.emit_destroy = core.emit_destroy

@@ -263,6 +263,7 @@ local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending = H.flush_pending
 local tok_id = H.tok_id
 B.emit_init, B.emit_destroy = H.emit_init, H.emit_destroy
+B.flush = H.flush_pending
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
 B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
 
