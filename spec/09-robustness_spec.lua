@@ -666,6 +666,50 @@ describe("errors of bad calls in tail position", function()
   end)
 end)
 
+-- The name Lua's debug info gives a function (tracebacks, a logger that
+-- prints its caller's name) comes from the instruction that called it: a
+-- function the library runs gets the name a C caller gives, as under
+-- pcall(f) or as a coroutine's body: none.
+describe("the name of a function the library runs", function()
+  local function name_of(...)
+    local n = debug.getinfo(1, "n").name
+    return n, select("#", ...)
+  end
+  local callable = setmetatable({}, { __call = function(_, ...) return name_of(...) end })
+
+  it("is the one pcall gives: none", function()
+    local plain = { select(2, pcall(name_of)) }
+    assert.same({ nil, 0 }, plain)
+    assert.same({ nil, 0 }, { select(2, pcall(callable)) })
+    local v, als = ah.AsyncLocal.new(), ah.AsyncLocalStorage.new()
+    local r = ah.AsyncResource.new("names")
+    local cases = {
+      { "AsyncLocal:run", function(f) return v:run(1, f, "a") end },
+      { "AsyncLocalStorage:run", function(f) return als:run({}, f, "a") end },
+      { "AsyncLocalStorage:exit", function(f) return als:exit(f, "a") end },
+      { "AsyncLocalStorage.bind", function(f) return ah.AsyncLocalStorage.bind(f)("a") end },
+      { "AsyncLocalStorage.snapshot", function(f) return ah.AsyncLocalStorage.snapshot()(f, "a") end },
+      { "Snapshot:run", function(f) return ah.Snapshot.new():run(f, "a") end },
+      { "Snapshot.wrap", function(f) return ah.Snapshot.wrap(f)("a") end },
+      { "AsyncResource:runInAsyncScope", function(f) return r:runInAsyncScope(f, "a") end },
+      { "AsyncResource:bind", function(f) return r:bind(f)("a") end },
+      { "AsyncResource.bind", function(f) return ah.AsyncResource.bind(f)("a") end },
+      { "async_hooks.coroutine.wrap", function(f) return co.wrap(f)("a") end, fn_only = true },
+      { "async_hooks.coroutine.create", function(f) return select(2, co.resume(co.create(f), "a")) end, fn_only = true },
+    }
+    for _, c in ipairs(cases) do
+      -- (each result kept in a local: `return c[2](f)` would be a tail call)
+      local n, k = c[2](name_of)
+      assert.same({ nil, 1 }, { n, k }, c[1])
+      if not c.fn_only then
+        n, k = c[2](callable)
+        assert.same({ nil, 1 }, { n, k }, c[1] .. " (a callable table)")
+      end
+    end
+    r:emitDestroy()
+  end)
+end)
+
 -- review finding (helper-32): at lua_close, code that runs after the
 -- library's state was finalized (luv's loop finalizer runs pending
 -- callbacks; finalizers of objects made before the library) read and wrote

@@ -39,12 +39,19 @@ B.gc_token_cancel = core.gc_token_cancel
 -- positioned past its frames, as the api's are (see api.lua's raise)
 B.set_libdir = core.set_libdir
 
+-- User functions are called as `(fn or false)(...)`: Lua names a called
+-- function after the instruction that loaded it (here the local `fn`), and
+-- a value that may come from either branch of an `or` has no name, so fn
+-- runs nameless, as under pcall (tracebacks, loggers that print their
+-- caller's name).  (A return with a to-be-closed variable in scope is no
+-- tail call.)
+
 -- (value = nil: the frame holds it; this frame stays on a coroutine's stack
 -- while fn is suspended, and must not keep it alive after v:disable())
 function B.run_with(obj, value, fn, ...)
   local _scope <close> = enter(obj, value, fn)
   value = nil -- luacheck: ignore 311 (the stack slot is what counts)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 -- the api's run itself: the C core checks self and fn and raises
@@ -54,18 +61,18 @@ function B.runner(message)
   return function(self, value, fn, ...)
     local _scope <close> = enter_checked(self, value, fn)
     value = nil -- luacheck: ignore 311 (the stack slot is what counts)
-    return fn(...)
+    return (fn or false)(...)
   end
 end
 
 function B.run_in_frame(frame, fn, ...)
   local _scope <close> = swap(frame)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   local _scope <close> = enter_scope(id, trigger, resource, frame)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 local KIND = { init = 1, before = 2, after = 3, destroy = 4 }
