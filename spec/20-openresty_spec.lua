@@ -237,7 +237,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     assert.are.equal(33, #cases)
   end)
 
-  it("what ngx_lua refuses (C functions, bad delays, kill's bad thread) raises its own error at the caller's line, as without the library", function()
+  it("what ngx_lua refuses (C functions, bad delays, bad kill) raises its own error at the caller's line as without the library", function()
     local l = lines(get("/same_errors"))
     assert.are.equal(31, #l, table.concat(l, "\n"))
     for _, x in ipairs(l) do assert.matches("^same ", x) end
