@@ -152,8 +152,10 @@ local PATCHED = { "create", "wrap", "resume", "close" }
 -- reaches `__newindex` while the key is absent: a metatable on that table
 -- sees luv arrive after its loader returned, outside the search and the
 -- loader, so that require's results, errors and tracebacks are its own.
--- The metatable goes once luv is integrated, and at uninstall().  (Lua 5.1
--- and LuaJIT store a sentinel there before the loader runs: not this file.)
+-- The metatable goes once luv is integrated, and at uninstall().  (This
+-- needs Lua 5.2 or later: 5.1's and LuaJIT's require store a sentinel under
+-- the name before the loader runs, so the module's own store is no longer
+-- a new key.)
 local LOADED = debug.getregistry()._LOADED
 
 local function looks_like_luv(v)
