@@ -317,6 +317,85 @@ describe("install / uninstall", function()
     assert.equal(orig.create, coroutine.create)
   end)
 
+  -- require("luv") after install(), luv not loaded yet: both results, the
+  -- error message and its traceback are those of the same script without
+  -- the library (run here as the reference); no package.preload entry
+  describe("require('luv') after install() answers as without the library", function()
+    -- line 4 installs or not; the rest is the same script (same lines)
+    local SCRIPT = [[
+local setup = %q
+if setup == "host" then package.preload.luv = assert(package.searchers[3]("luv")) end
+if setup == "host-error" then package.preload.luv = function() error("the host refuses", 2) end end
+%s
+if setup == "missing" or setup == "broken" then package.cpath = %q end
+local preload = rawget(package.preload, "luv")
+local r = table.pack(xpcall(require, debug.traceback, "luv"))
+local me = arg[0]:gsub("%%p", "%%%%%%0")
+local out = { "n=" .. r.n, tostring(r[1]), type(r[2]) }
+if type(r[2]) == "string" then out[#out + 1] = (r[2]:gsub(me, "SCRIPT")) end
+out[#out + 1] = tostring(r[3])
+out[#out + 1] = "preload kept: " .. tostring(rawget(package.preload, "luv") == preload)
+if r[1] then out[#out + 1] = "loaded has no metatable: " .. tostring(debug.getmetatable(package.loaded) == nil) end
+io.write(table.concat(out, "\n"), "\n")
+if ah then io.stderr:write("attached: ", tostring(require("async_hooks.core").luv_attached()), "\n") end
+]]
+    local dirs = {}
+    local function mkdir()
+      local d = os.tmpname()
+      os.remove(d)
+      assert(os.execute("mkdir '" .. d .. "'"))
+      dirs[#dirs + 1] = d
+      return d
+    end
+    teardown(function()
+      for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
+    end)
+
+    local function both(setup, cpath)
+      local plain = { H.run_lua(SCRIPT:format(setup, "local ah = nil", cpath or "")) }
+      local with = { H.run_lua(SCRIPT:format(setup, "local ah = require('async_hooks').install()", cpath or "")) }
+      assert.equal(0, plain[1], plain[3])
+      assert.equal(0, with[1], with[3])
+      assert.equal("", plain[3])
+      assert.equal(plain[2], with[2])
+      return plain[2], with[3]
+    end
+
+    it("luv found on package.cpath: the module and its file", function()
+      local out, err = both("found")
+      assert.matches("^n=3\ntrue\ntable\n/[^\n]*luv%.so\npreload kept: true\nloaded has no metatable: true\n$", out)
+      assert.equal("attached: true\n", err)
+    end)
+
+    it("luv missing: 'module not found' with every place searched", function()
+      local d = mkdir()
+      local out, err = both("missing", d .. "/?.so")
+      assert.matches("module 'luv' not found:\n\tno field package.preload%['luv'%]\n", out)
+      assert.matches("\tno file '" .. d:gsub("%p", "%%%0") .. "/luv.so'", out)
+      assert.matches("stack traceback:\n\t%[C%]: in function 'require'", out)
+      assert.equal("attached: false\n", err)
+    end)
+
+    it("a broken luv.so: the loader's error, with no position of the library", function()
+      local d = mkdir()
+      local f = assert(io.open(d .. "/luv.so", "w"))
+      f:write("not a shared object\n")
+      f:close()
+      local out, err = both("broken", d .. "/?.so")
+      assert.matches("error loading module 'luv' from file '" .. d:gsub("%p", "%%%0") .. "/luv%.so':\n\t", out)
+      assert.is_nil(out:find("async_hooks", 1, true), out)
+      assert.equal("attached: false\n", err)
+    end)
+
+    it("the host's package.preload.luv: its module and ':preload:', its own error", function()
+      local out, err = both("host")
+      assert.equal("n=3\ntrue\ntable\n:preload:\npreload kept: true\nloaded has no metatable: true\n", out)
+      assert.equal("attached: true\n", err)
+      out = both("host-error")
+      assert.matches("^n=2\nfalse\nstring\nthe host refuses\nstack traceback:", out)
+    end)
+  end)
+
   -- hosts that bundle luv register it in package.preload (issue 10 #5)
   local HOST = [[
     local ah = require("async_hooks")
@@ -326,13 +405,13 @@ describe("install / uninstall", function()
     package.preload.luv = host_loader
   ]]
 
-  it("install() chains to the host's package.preload.luv and restores it once luv is loaded", function()
+  it("install() leaves the host's package.preload.luv as it is; luv loaded by it is integrated", function()
     local code, out, err = H.run_lua(HOST .. [[
       ah.install()
-      assert(package.preload.luv ~= host_loader, "luv not hooked")
+      assert(package.preload.luv == host_loader, "the host's loader was replaced")
       local uv = require("luv")
       assert(loads == 1, "the host's loader was not used")
-      assert(package.preload.luv == host_loader, "the host's loader was not restored")
+      assert(package.preload.luv == host_loader, "the host's loader was not kept")
       assert(require("async_hooks.core").luv_attached(), "luv not integrated")
       local v = ah.AsyncLocal.new()
       local got
@@ -362,10 +441,58 @@ describe("install / uninstall", function()
       ah.install()
       ah.uninstall()
       assert(package.preload.luv == nil)
+      assert(debug.getmetatable(package.loaded) == nil, "the loaded table keeps a metatable")
       print("ok")
     ]])
     assert.equal(0, code, err)
     assert.equal("ok\n", out)
+  end)
+
+  it("luv that failed to load after install() is integrated when a later require finds it", function()
+    local code, out, err = H.run_lua([[
+      local ah = require("async_hooks").install()
+      local cpath = package.cpath
+      package.cpath = ""
+      assert(not pcall(require, "luv"))
+      package.cpath = cpath
+      local uv = require("luv")
+      assert(require("async_hooks.core").luv_attached(), "luv not integrated")
+      assert(debug.getmetatable(package.loaded) == nil, "the loaded table keeps a metatable")
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      v:run("later", function() t:start(1, 0, function() print(v:get()); t:close() end) end)
+      uv.run()
+      print("ok")
+    ]])
+    assert.equal(0, code, err)
+    assert.equal("later\nok\n", out)
+  end)
+
+  -- a loaded table that has a metatable of its own keeps it: luv comes
+  -- through a package.preload.luv entry instead (chained to the host's)
+  it("a host metatable on package.loaded is left alone; luv is still integrated", function()
+    local code, out, err = H.run_lua(HOST .. [[
+      local mt = { __index = function() end }
+      setmetatable(package.loaded, mt)
+      ah.install()
+      assert(getmetatable(package.loaded) == mt, "the host's metatable was replaced")
+      assert(package.preload.luv ~= host_loader, "luv not hooked")
+      local uv = require("luv")
+      assert(loads == 1, "the host's loader was not used")
+      assert(package.preload.luv == host_loader, "the host's loader was not restored")
+      assert(require("async_hooks.core").luv_attached(), "luv not integrated")
+      ah.uninstall()
+      assert(getmetatable(package.loaded) == mt)
+      -- uninstall() before luv is required: the host's entry back
+      package.loaded.luv = nil
+      ah.install()
+      ah.uninstall()
+      assert(package.preload.luv == host_loader)
+      assert(getmetatable(package.loaded) == mt)
+      print(type(uv.new_timer))
+    ]])
+    assert.equal(0, code, err)
+    assert.equal("function\n", out)
   end)
 end)
 
@@ -536,6 +663,50 @@ describe("errors of bad calls in tail position", function()
       local msg = H.raised_here(c[1]) -- positioned at this file's line
       assert.matches(c[2], msg, 1, true, "case " .. i)
     end
+  end)
+end)
+
+-- The name Lua's debug info gives a function (tracebacks, a logger that
+-- prints its caller's name) comes from the instruction that called it: a
+-- function the library runs gets the name a C caller gives, as under
+-- pcall(f) or as a coroutine's body: none.
+describe("the name of a function the library runs", function()
+  local function name_of(...)
+    local n = debug.getinfo(1, "n").name
+    return n, select("#", ...)
+  end
+  local callable = setmetatable({}, { __call = function(_, ...) return name_of(...) end })
+
+  it("is the one pcall gives: none", function()
+    local plain = { select(2, pcall(name_of)) }
+    assert.same({ nil, 0 }, plain)
+    assert.same({ nil, 0 }, { select(2, pcall(callable)) })
+    local v, als = ah.AsyncLocal.new(), ah.AsyncLocalStorage.new()
+    local r = ah.AsyncResource.new("names")
+    local cases = {
+      { "AsyncLocal:run", function(f) return v:run(1, f, "a") end },
+      { "AsyncLocalStorage:run", function(f) return als:run({}, f, "a") end },
+      { "AsyncLocalStorage:exit", function(f) return als:exit(f, "a") end },
+      { "AsyncLocalStorage.bind", function(f) return ah.AsyncLocalStorage.bind(f)("a") end },
+      { "AsyncLocalStorage.snapshot", function(f) return ah.AsyncLocalStorage.snapshot()(f, "a") end },
+      { "Snapshot:run", function(f) return ah.Snapshot.new():run(f, "a") end },
+      { "Snapshot.wrap", function(f) return ah.Snapshot.wrap(f)("a") end },
+      { "AsyncResource:runInAsyncScope", function(f) return r:runInAsyncScope(f, "a") end },
+      { "AsyncResource:bind", function(f) return r:bind(f)("a") end },
+      { "AsyncResource.bind", function(f) return ah.AsyncResource.bind(f)("a") end },
+      { "async_hooks.coroutine.wrap", function(f) return co.wrap(f)("a") end, fn_only = true },
+      { "async_hooks.coroutine.create", function(f) return select(2, co.resume(co.create(f), "a")) end, fn_only = true },
+    }
+    for _, c in ipairs(cases) do
+      -- (each result kept in a local: `return c[2](f)` would be a tail call)
+      local n, k = c[2](name_of)
+      assert.same({ nil, 1 }, { n, k }, c[1])
+      if not c.fn_only then
+        n, k = c[2](callable)
+        assert.same({ nil, 1 }, { n, k }, c[1] .. " (a callable table)")
+      end
+    end
+    r:emitDestroy()
   end)
 end)
 

@@ -47,6 +47,7 @@ local SERVER = table.concat({
   "location /scope_yield { " .. app("scope_yield") .. " }",
   "location /kill_in_scope { " .. app("kill_in_scope") .. " }",
   "location /ids { " .. app("ids") .. " }",
+  "location /log_names { " .. app("log_names") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
   "location /soak { " .. app("soak") .. " }",
   "location /soak_stats { " .. app("soak_stats") .. " }",
@@ -236,12 +237,35 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     assert.are.equal(33, #cases)
   end)
 
-  it("what ngx_lua refuses (C functions, bad delays) raises its own error at the caller's line, as without the library", function()
+  it("what ngx_lua refuses (C functions, bad delays, bad kill) raises its own error at the caller's line as without the library", function()
     local l = lines(get("/same_errors"))
-    assert.are.equal(26, #l)
+    assert.are.equal(31, #l, table.concat(l, "\n"))
     for _, x in ipairs(l) do assert.matches("^same ", x) end
     -- the cases do reach ngx_lua's checks
     assert.matches("same at%(C function%): error .*ah_ngx_app%.lua:%d+: bad argument #2 to 'at' %(Lua function expected%)", l[5])
+    assert.matches("same kill%(%): error .*ah_ngx_app%.lua:%d+: bad argument #1 to 'kill' %(lua thread expected%)", l[27])
+    assert.matches("same kill(a thread): error results: 1 |", l[30], nil, true)
+  end)
+
+  it("ngx.log lines from timers, light threads, coroutines and scopes are those without the library", function()
+    assert.are.equal("36 36", get("/log_names"))
+    -- "[lua] file:line: [name(): ]ah-name <carrier> <without|with>[, context...]"
+    local seen = {}
+    for l in srv:errors():gmatch("[^\n]+") do
+      local head, carrier, which, tail = l:match("%[lua%] (.-) ?ah%-name (%S+) (%a+)(.*)$")
+      if head then
+        seen[carrier] = seen[carrier] or {}
+        seen[carrier][which] = head .. "|" .. tail
+      end
+    end
+    local n = 0
+    for carrier, t in pairs(seen) do
+      n = n + 1
+      assert.is_string(t.without, carrier)
+      assert.matches("^ah_ngx_app%.lua:%d+:|", t.without, nil, false, carrier)
+      assert.are.equal(t.without, t.with, carrier)
+    end
+    assert.are.equal(18, n)
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()

@@ -694,8 +694,8 @@ return function(B)
     return M
   end
 
-  --- Restore every patched function (the original values) and the host's
-  -- `package.preload.luv`.  Runs no user code.
+  --- Restore every patched function (the original values) and remove what
+  -- waits for luv to be required.  Runs no user code.
   -- @return the module
   ---@return async_hooks
   function M.uninstall()

@@ -560,12 +560,24 @@ local same_cases = {
   { "wrap()", function(L) local a, b = L.wrap(); return a, b end },
   { "wrap(C function)", function(L) local a, b = L.wrap(print); return a, b end },
   { "wrap(callable)", function(L) local a, b = L.wrap(callable); return a, b end },
+  { "kill()", function(L) local a, b = L.kill(); return a, b end },
+  { "kill(42)", function(L) local a, b = L.kill(42); return a, b end },
+  { "kill(a coroutine)", function(L) local a, b = L.kill(coroutine.create(noop_lua)); return a, b end },
+  -- (how many values kill returns, in the message: show() prints types)
+  { "kill(a thread)", function(L)
+    error("results: " .. select("#", L.kill(L.spawn(function() ngx.sleep(1) end))), 0)
+  end },
+  { "kill(a dead thread)", function(L)
+    local th = L.spawn(noop_lua)
+    ngx.thread.wait(th)
+    error("results: " .. select("#", L.kill(th)), 0)
+  end },
 }
 function A.same_errors()
   local o = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
-  local orig = { create = o[1], wrap = o[2], spawn = o[4], at = o[6], every = o[7] }
+  local orig = { create = o[1], wrap = o[2], spawn = o[4], kill = o[5], at = o[6], every = o[7] }
   local patched = { create = coroutine.create, wrap = coroutine.wrap, spawn = ngx.thread.spawn,
-    at = ngx.timer.at, every = ngx.timer.every }
+    kill = ngx.thread.kill, at = ngx.timer.at, every = ngx.timer.every }
   rid:set("non-empty frame") -- so that the wrappers do their work
   local hook = ah.createHook { init = noop_lua }:enable()
   local function show(ok, a, b)
@@ -702,6 +714,72 @@ function A.kill_in_scope()
   c()
   hook:disable()
   say { s(ok), concat(log, ",") }
+end
+
+--- ngx.log from functions run by each carrier, once through ngx_lua's own
+--- functions (saved before install()) and once through the library's:
+--- ngx_lua prints the name that Lua's debug info gives the function that
+--- logs, when it has one ("f(): "), so the lines must be the same.  The
+--- library's own wrappers (run, bind, ...) are compared with pcall.  The
+--- spec reads the lines ("ah-name <carrier> <without|with>") in the log.
+function A.log_names()
+  local o = rawget(_G, "ORIGINALS") -- set by the spec's init_by_lua, before install()
+  local orig = { create = o[1], wrap = o[2], spawn = o[4], at = o[6], every = o[7] }
+  local patched = { create = coroutine.create, wrap = coroutine.wrap, spawn = ngx.thread.spawn,
+    at = ngx.timer.at, every = ngx.timer.every }
+  local d = ngx.shared.ah
+  d:set("log_names", 0)
+  local function logger(tag)
+    local once = false
+    return function()
+      if once then return end
+      once = true
+      ngx.log(ngx.ERR, "ah-name ", tag)
+      d:incr("log_names", 1)
+    end
+  end
+  rid:set("non-empty frame") -- so that the wrappers do their work
+  local als = ah.AsyncLocalStorage.new()
+  local res = ah.AsyncResource.new("log_names")
+  local carriers = {
+    { "timer.at", function(L, f) assert(L.at(0, f)) end },
+    { "timer.at+args", function(L, f) assert(L.at(0, f, "x", "y")) end },
+    { "timer.every", function(L, f) assert(L.every(0.05, f)) end },
+    { "timer.every+args", function(L, f) assert(L.every(0.05, f, "x")) end },
+    { "thread.spawn", function(L, f) ngx.thread.wait(L.spawn(f)) end },
+    { "thread.spawn+args", function(L, f) ngx.thread.wait(L.spawn(f, "x")) end },
+    { "coroutine.create", function(L, f) coroutine.resume(L.create(f), "x") end },
+    { "coroutine.wrap", function(L, f) L.wrap(f)("x") end },
+  }
+  local wrappers = {
+    { "AsyncLocal:run", function(f) rid:run(1, f, "x") end },
+    { "AsyncLocalStorage:run", function(f) als:run({}, f) end },
+    { "AsyncLocalStorage:exit", function(f) als:exit(f) end },
+    { "AsyncLocalStorage.bind", function(f) ah.AsyncLocalStorage.bind(f)() end },
+    { "AsyncLocalStorage.snapshot", function(f) ah.AsyncLocalStorage.snapshot()(f) end },
+    { "Snapshot:run", function(f) Snapshot.new():run(f) end },
+    { "Snapshot.wrap", function(f) Snapshot.wrap(f)() end },
+    { "AsyncResource:runInAsyncScope", function(f) res:runInAsyncScope(f) end },
+    { "AsyncResource:bind", function(f) res:bind(f)() end },
+    { "AsyncResource.bind", function(f) ah.AsyncResource.bind(f)() end },
+  }
+  local n = 0
+  for _, c in ipairs(carriers) do
+    c[2](orig, logger(c[1] .. " without"))
+    c[2](patched, logger(c[1] .. " with"))
+    n = n + 2
+  end
+  for _, c in ipairs(wrappers) do
+    pcall(logger(c[1] .. " without"))
+    c[2](logger(c[1] .. " with"))
+    n = n + 2
+  end
+  for _ = 1, 500 do
+    if d:get("log_names") == n then break end
+    ngx.sleep(0.002)
+  end
+  res:emitDestroy()
+  say { s(d:get("log_names")), s(n) }
 end
 
 --- top-level ids inside a request and install state

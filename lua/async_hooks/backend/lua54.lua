@@ -40,12 +40,19 @@ B.gc_token_cancel = core.gc_token_cancel
 -- positioned past its frames, as the api's are (see api.lua's raise)
 B.set_libdir = core.set_libdir
 
+-- User functions are called as `(fn or false)(...)`: Lua names a called
+-- function after the instruction that loaded it (here the local `fn`), and
+-- a value that may come from either branch of an `or` has no name, so fn
+-- runs nameless, as under pcall (tracebacks, loggers that print their
+-- caller's name).  (A return with a to-be-closed variable in scope is no
+-- tail call.)
+
 -- (value = nil: the frame holds it; this frame stays on a coroutine's stack
 -- while fn is suspended, and must not keep it alive after v:disable())
 function B.run_with(obj, value, fn, ...)
   local _scope <close> = enter(obj, value, fn)
   value = nil -- luacheck: ignore 311 (the stack slot is what counts)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 -- the api's run itself: the C core checks self and fn and raises
@@ -55,18 +62,18 @@ function B.runner(message)
   return function(self, value, fn, ...)
     local _scope <close> = enter_checked(self, value, fn)
     value = nil -- luacheck: ignore 311 (the stack slot is what counts)
-    return fn(...)
+    return (fn or false)(...)
   end
 end
 
 function B.run_in_frame(frame, fn, ...)
   local _scope <close> = swap(frame)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 function B.run_in_scope(id, trigger, resource, frame, fn, ...)
   local _scope <close> = enter_scope(id, trigger, resource, frame)
-  return fn(...)
+  return (fn or false)(...)
 end
 
 local KIND = { init = 1, before = 2, after = 3, destroy = 4 }
@@ -141,8 +148,50 @@ end
 
 local PATCHED = { "create", "wrap", "resume", "close" }
 
--- package.preload.luv while luv is not loaded yet: runs the host's loader
--- (or the other searchers), then integrates what it returns
+-- luv required after install().  require() stores what a loader returns
+-- with an ordinary (not raw) assignment into its loaded table, which
+-- reaches `__newindex` while the key is absent: a metatable on that table
+-- sees luv arrive after its loader returned, outside the search and the
+-- loader, so that require's results, errors and tracebacks are its own.
+-- The metatable goes once luv is integrated, and at uninstall().  (This
+-- needs Lua 5.2 or later: 5.1's and LuaJIT's require store a sentinel under
+-- the name before the loader runs, so the module's own store is no longer
+-- a new key.)
+local LOADED = debug.getregistry()._LOADED
+
+local function looks_like_luv(v)
+  if type(v) ~= "table" then return false end
+  for _, k in ipairs(LUV_FUNCS) do
+    if type(rawget(v, k)) ~= "function" then return false end
+  end
+  return true
+end
+
+local function unwatch()
+  local mt = persist.watch
+  if mt then
+    persist.watch = nil
+    if debug.getmetatable(LOADED) == mt then setmetatable(LOADED, nil) end
+  end
+end
+
+local function watch()
+  local mt = {}
+  function mt.__newindex(t, k, v)
+    rawset(t, k, v)
+    if k == "luv" and persist.watch == mt and looks_like_luv(v) then
+      unwatch()
+      luvmod.attach(v, persist)
+    end
+  end
+  persist.watch = mt
+  setmetatable(LOADED, mt)
+end
+
+-- A loaded table with a metatable of its own (the host's) is left alone:
+-- then a package.preload.luv entry runs the host's entry or the other
+-- searchers, and integrates what they return (require answers ":preload:"
+-- and the errors are raised from here).
 local function make_preload(host)
   local function preload(name, ...)
     package.preload.luv = host
@@ -177,13 +226,18 @@ function B.install(opts)
     if why then return why end
   end
   if uv ~= nil then
+    unwatch()
     luvmod.attach(uv, persist)
-  elseif not persist.preload then
-    -- luv required later: integrate it as it loads
-    local host = package.preload.luv
-    persist.host_preload = host
-    persist.preload = make_preload(host)
-    package.preload.luv = persist.preload
+  elseif not (persist.watch or persist.preload) then
+    -- luv required later: integrated as require stores it
+    if debug.getmetatable(LOADED) == nil then
+      watch()
+    else
+      local host = package.preload.luv
+      persist.host_preload = host
+      persist.preload = make_preload(host)
+      package.preload.luv = persist.preload
+    end
   end
   if not persist.coroutine then
     local saved = {}
@@ -192,13 +246,14 @@ function B.install(opts)
   end
 end
 
---- Restore every patched function and the host's `package.preload.luv`.
+--- Restore every patched function; remove what waits for luv.
 function B.uninstall()
   local saved = persist.coroutine
   if saved then
     for k, f in pairs(saved) do stdco[k] = f end
     persist.coroutine = nil
   end
+  unwatch()
   if persist.preload and package.preload.luv == persist.preload then
     package.preload.luv = persist.host_preload
   end

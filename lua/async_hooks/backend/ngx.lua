@@ -40,6 +40,7 @@
 local ngx = ngx
 local type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, error =
   type, select, setmetatable, getmetatable, rawget, rawset, pairs, pcall, error
+local unpack = unpack
 local stdco = coroutine
 local co_running = stdco.running
 local debug = require("debug")
@@ -501,6 +502,14 @@ do
   end
 end
 
+-- NAMELESS: the user's function is called as `(f or false)(...)`.  ngx.log
+-- prints the name Lua's debug info gives the function that logs ("f(): "),
+-- which LuaJIT takes from the instruction that loaded the called value: a
+-- local's name, but none for the result of an `or`.  So the user's function
+-- runs nameless, as it does as a timer's, light thread's or coroutine's
+-- body under ngx_lua itself (two bytecodes more than a plain local call;
+-- nothing in a trace).  The scopes call it through pcall: nameless too.
+
 -- the coroutine functions ours call: ngx_lua's (as found at install)
 local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 
@@ -508,7 +517,7 @@ local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
     local where, co, rec = body_start(frame, id, trigger, res, tok)
     rec[COID] = id
-    return body_done(where, co, rec, f(...))
+    return body_done(where, co, rec, (f or false)(...))
   end
 end
 
@@ -576,7 +585,7 @@ B.coroutine = {
 -- light threads
 local function thread_body(f, frame, id, trigger, res, tok, ...)
   local where, co, rec = body_start(frame, id, trigger, res, tok)
-  return body_done(where, co, rec, f(...))
+  return body_done(where, co, rec, (f or false)(...))
 end
 
 local function make_spawn(real)
@@ -590,22 +599,31 @@ local function make_spawn(real)
 end
 
 -- a killed thread never returns: forget its record now
-local function make_kill(real)
-  return function(t, ...)
-    local ok, err = real(t, ...)
-    if ok then
-      local where = home()
-      local rec = where[t]
-      if rec ~= nil then
-        where[t] = nil
-        if where ~= top_threads then where.n = where.n - 1 end
-        if rec.tok ~= nil then -- (its own id: ID is a scope's while one is open in it)
-          tok_id[rec.tok] = nil
-          B.emit_destroy(rec.own)
-        end
-      end
+local function forget(t)
+  local where = home()
+  local rec = where[t]
+  if rec ~= nil then
+    where[t] = nil
+    if where ~= top_threads then where.n = where.n - 1 end
+    if rec.tok ~= nil then -- (its own id: ID is a scope's while one is open in it)
+      tok_id[rec.tok] = nil
+      B.emit_destroy(rec.own)
     end
-    return ok, err
+  end
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- ngx_lua's kill raises before it does anything (a bad argument, a phase
+-- where it is disabled): then it is called again in tail position, so that
+-- the error is its own (at the caller's line, under the name 'kill').  What
+-- it returns is passed on as it is (one value, or nil and a message).
+local function make_kill(real)
+  return function(...)
+    local r = pack(pcall(real, ...))
+    if not r[1] then return real(...) end
+    if r[2] then forget((...)) end
+    return unpack(r, 2, r.n)
   end
 end
 
@@ -636,15 +654,15 @@ local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
   local rec = timer_rec(frame, id, trigger, res)
   flush_pending()
   emit_before(id)
-  return timer_end(rec, once or premature, tok, f(premature, ...))
+  return timer_end(rec, once or premature, tok, (f or false)(premature, ...))
 end
 
 -- calls f(p) from a frame with two named locals: ngx.log looks up the name
--- of the function that logs (lua_getinfo "n"), and LuaJIT finds it by
--- scanning the variable info of the caller at the call -- about 1,000
+-- of the function that logs (lua_getinfo "n", see NAMELESS), and LuaJIT
+-- scans the variable info of the caller at the call first -- about 1,000
 -- instructions per log line when the caller is timer_cb0 with its 10 locals
 local function call1(f, p)
-  f(p)
+  (f or false)(p)
 end
 
 -- the same without extra arguments: no vararg forwarding, which LuaJIT
