@@ -90,16 +90,55 @@ static int co_create(lua_State *L) {
   return 1;
 }
 
-/* slot of the coroutine at co_idx, registering a coroutine created behind
-** the library's back with the resumer's context; -1 for a coroutine that
-** finished and gave its slot back */
+/* A thread the library did not create (a coroutine.create saved before
+** install(), C code's lua_newthread) gets a slot, silently, when it first
+** touches the library: no event is ever emitted for it.  Resumed or closed
+** by the library, it becomes a coroutine like the library's own from then
+** on: its init now (its trigger the resumer's id), then before/after and
+** destroy.  Allocations first (can fail: the thread stays silent). */
+static void adopt(lua_State *L, ah_state *st, int cs, int co_idx) {
+  int s = ah_slot_of(L, st);
+  lua_Integer trigger = st->slots[s].id;
+  if (ah_hooks_on(st, AH_DESTROY)) ah_arm_anchors(L, st); /* its token */
+  if (ah_hooks_on(st, AH_INIT)) {
+    luaL_checkstack(L, 16, "async_hooks");
+    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
+    if (st->init_res)
+      ah_push_resource_of(L, st, cs, co_idx);
+    else
+      lua_pushnil(L);
+  }
+  /* (the steps above can run finalizers: cs is the thread's still, the
+  ** caller holds it) */
+  st->slots[cs].kind = AH_KCORO;
+  st->slots[cs].base_trigger = st->slots[cs].trigger = trigger;
+  if (ah_hooks_on(st, AH_DESTROY) && !st->slots[cs].has_gc) {
+    st->slots[cs].has_gc = 1;
+    st->slots[cs].anchored |= A_TOKPEND;
+    st->slots[cs].pend_age = 0;
+    st->npend++;
+  }
+  if (ah_hooks_on(st, AH_INIT)) {
+    ah_emit_init_v(L, st, st->slots[cs].base_id, -2, trigger, -1);
+    lua_pop(L, 2);
+  }
+}
+
+/* slot of the coroutine at co_idx (absolute), registering and adopting a
+** thread created behind the library's back (see adopt) with the
+** resumer's context; -1 for a coroutine that finished and gave its slot
+** back */
 static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
   int s, cs = ah_slot_find(L, st, co, co_idx);
-  if (cs != 0) return cs;
-  s = ah_slot_of(L, st);
-  lua_rawgeti(L, AH_UV_F, s);
-  cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
-  lua_pop(L, 1);
+  if (ah_likely(cs < 0 || (cs > 0 && st->slots[cs].kind != AH_KFOREIGN)))
+    return cs;
+  if (cs == 0) {
+    s = ah_slot_of(L, st);
+    lua_rawgeti(L, AH_UV_F, s);
+    cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
+    lua_pop(L, 1);
+  }
+  adopt(L, st, cs, co_idx);
   return cs;
 }
 
@@ -250,7 +289,7 @@ static AH_ALWAYS_INLINE int auxresume(lua_State *L, ah_state *st, lua_State *co,
   uintptr_t cs = ah_extra(co);
   int status, nres;
   if (ah_likely(!SLICE_HOOKS(st) && cs < (uintptr_t)st->cap &&
-                st->slots[cs].L == co)) {
+                st->slots[cs].L == co && st->slots[cs].kind == AH_KCORO)) {
     status = lua_status(co);
     if (ah_likely((status == LUA_YIELD || (status == LUA_OK && suspended(co))) &&
                   lua_checkstack(co, narg))) {

@@ -260,7 +260,7 @@ int ah_register(lua_State *L, ah_state *st, int thread_idx, int frame_idx,
                 lua_Integer trigger, int kind) {
   lua_State *co;
   ah_slot *sl;
-  int s, framed, plain, has_gc = kind != AH_KMAIN && ah_hooks_on(st, AH_DESTROY);
+  int s, framed, plain, has_gc = kind == AH_KCORO && ah_hooks_on(st, AH_DESTROY);
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
   if (frame_idx < 0) frame_idx = lua_absindex(L, frame_idx);
   co = lua_tothread(L, thread_idx);
