@@ -16,10 +16,7 @@ LUA_CFLAGS = $(shell ./.ci/lua-flags --cflags)
 LUA_LIBS   = $(shell ./.ci/lua-flags --libs)
 SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_RT  := $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)
-# malloc_fill_byte=0: Lua leaves the main thread's LUA_EXTRASPACE as
-# allocated; ASan's garbage there would look like a host's data and send
-# the module to its fallback lookup (tested on its own in spec/11)
-ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:malloc_fill_byte=0 \
+ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 

@@ -720,7 +720,7 @@ describe("lua_close with library work left", function()
   local function run_closing(code)
     local path = H.tmpfile(code)
     local out, err = path .. ".out", path .. ".err"
-    local asan = os.getenv("AH_ASAN") and ("detect_leaks=1:malloc_fill_byte=0:exitcode=23 LSAN_OPTIONS=suppressions="
+    local asan = os.getenv("AH_ASAN") and ("detect_leaks=1:exitcode=23 LSAN_OPTIONS=suppressions="
       .. os.getenv("PWD") .. "/.ci/lsan.supp") or "detect_leaks=0"
     local ok, how, status = os.execute(("ASAN_OPTIONS=%s %s %s >%s 2>%s"):format(asan, H.lua_cmd(), path, out, err))
     local function slurp(p) local h = io.open(p); local s = h and h:read("a") or ""; if h then h:close() end; os.remove(p); return s end

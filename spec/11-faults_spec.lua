@@ -4,6 +4,8 @@
 -- through) and leave its state usable.  Under `make asan` the harness is
 -- built with the sanitizers too, and the core-only run checks for leaks.
 
+local H = require("helpers")
+
 -- the output of a command that must succeed, trailing space trimmed
 local function capture(cmd)
   local p = io.popen(cmd)
@@ -98,13 +100,14 @@ describe("fault injection #slow", function()
   end)
 end)
 
--- issue 10 #8: the manual reserves LUA_EXTRASPACE for the host
+-- the manual reserves LUA_EXTRASPACE for the host: a host that uses it
+-- declares it (registry field async_hooks.host_extraspace)
 describe("a host that uses LUA_EXTRASPACE #slow", function()
   local exe
   setup(function() exe = build("extrahost") end)
   teardown(function() if exe then os.remove(exe) end end)
 
-  it("keeps its bytes: the module detects them and looks threads up instead", function()
+  it("keeps its bytes once declared: the module looks threads up instead", function()
     local ok, out = sh(exe .. " host tests/extrahost.lua")
     assert.is_true(ok, out)
     assert.matches("extraspace in use: false", out)
@@ -129,10 +132,61 @@ describe("a host that uses LUA_EXTRASPACE #slow", function()
     end
   end)
 
-  it("leaves the extra space to the module when the host does not use it", function()
+  it("leaves the extra space to the module when the host declares nothing, whatever its bytes", function()
     local ok, out = sh(exe .. " none tests/extrahost.lua")
     assert.is_true(ok, out)
     assert.matches("extraspace in use: true", out)
     assert.matches("extrahost none: ok", out)
+  end)
+end)
+
+-- ownership of LUA_EXTRASPACE does not depend on bytes Lua leaves
+-- uninitialized: the same in every state, and no read of them
+describe("LUA_EXTRASPACE ownership #slow", function()
+  local SCRIPT = [==[
+local uv = require("luv")
+local ah = require("async_hooks").install()
+local owned = { require("async_hooks.core").stats().extraspace }
+local results, threads = {}, {}
+for i = 1, 8 do -- an async handle each: sends to one handle coalesce
+  local async
+  async = uv.new_async(function(owns)
+    results[i] = tostring(owns)
+    async:close()
+  end)
+  threads[i] = uv.new_thread(function(done)
+    local a = require("async_hooks").install()
+    local v = a.AsyncLocal.new()
+    v:set(1)
+    local c = coroutine.create(function() coroutine.yield(v:get()) end)
+    local _, got = coroutine.resume(c)
+    assert(got == 1)
+    done:send(require("async_hooks.core").stats().extraspace)
+  end, async)
+end
+uv.run()
+for i = 1, 8 do threads[i]:join() end
+print(owned[1], table.concat(results, " "))
+]==]
+
+  it("is the module's in the main state and in uv.new_thread states", function()
+    local code, out, err = H.run_lua(SCRIPT)
+    assert.equal("", err)
+    assert.equal(0, code)
+    assert.equal("true\t" .. ("true "):rep(7) .. "true\n", out)
+  end)
+
+  it("is decided without reading uninitialized memory (valgrind, no suppression)", function()
+    if os.execute("command -v valgrind >/dev/null 2>&1") ~= true then
+      pending("valgrind is not installed")
+      return
+    end
+    local path = H.tmpfile(SCRIPT)
+    local p = io.popen(("valgrind -q --error-exitcode=9 %s %s 2>&1; echo \"rc=$?\""):format(H.lua_cmd(), path))
+    local out = p:read("a")
+    p:close()
+    os.remove(path)
+    assert.matches("rc=0", out)
+    assert.is_nil(out:match("uninitialised"), out)
   end)
 end)

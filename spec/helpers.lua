@@ -17,9 +17,8 @@ end
 function H.run_lua(code)
   local path = H.tmpfile(code)
   local out, err = path .. ".out", path .. ".err"
-  -- the subprocess exits without lua_close on purpose: no leak report;
-  -- malloc_fill_byte=0: see ASAN_ENV in the Makefile
-  local cmd = ("ASAN_OPTIONS=detect_leaks=0:malloc_fill_byte=0 %s %s >%s 2>%s"):format(H.lua_cmd(), path, out, err)
+  -- the subprocess exits without lua_close on purpose: no leak report
+  local cmd = ("ASAN_OPTIONS=detect_leaks=0 %s %s >%s 2>%s"):format(H.lua_cmd(), path, out, err)
   local ok, how, status = os.execute(cmd)
   local function slurp(p)
     local h = io.open(p)

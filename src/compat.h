@@ -38,14 +38,12 @@
 ** those stay short in the instruction cache */
 #define AH_COLD __attribute__((noinline, cold))
 #define AH_ALWAYS_INLINE inline __attribute__((always_inline))
-#define AH_BRANCH_BARRIER() __asm__ __volatile__("")
 #define ah_likely(x) __builtin_expect(((x) != 0), 1)
 #define ah_unlikely(x) __builtin_expect(((x) != 0), 0)
 #else
 #define AH_NOINLINE
 #define AH_COLD
 #define AH_ALWAYS_INLINE
-#define AH_BRANCH_BARRIER() ((void)0)
 #define ah_likely(x) (x)
 #define ah_unlikely(x) (x)
 #endif
@@ -60,11 +58,10 @@
 #endif
 
 /* One pointer-sized raw slot per lua_State, reserved by the manual for the
-** host.  When the host leaves it unused (the main thread's bytes are zero
-** when the module loads), async_hooks stores the index of the thread's
-** context slot there (never a pointer, so a value that was never written by
-** us cannot be dereferenced); otherwise it never writes it (see
-** ah_bind_thread). */
+** host.  Unless the host declares that it uses it (see slots.c's
+** host_owns_extra), async_hooks stores the index of the thread's context
+** slot there (never a pointer: a value it did not write is validated, never
+** dereferenced); otherwise it never writes it (see ah_bind_thread). */
 #define ah_extra(L) (*(uintptr_t *)lua_getextraspace(L))
 /* the slot index fits in the extra space (it does in every stock build) */
 #define AH_EXTRA_FITS (LUA_EXTRASPACE >= sizeof(uintptr_t))

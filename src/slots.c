@@ -498,27 +498,20 @@ static const luaL_Reg slot_funcs[] = {
 /* --------------------------------------------------------------------- */
 /* open                                                                    */
 
-/* The manual reserves LUA_EXTRASPACE for the host: use it only when the
-** main thread's bytes are all zero (a host that stores data there keeps
-** it; every thread is then looked up in AUX_TSLOT instead).  Lua does not
-** initialize the main thread's bytes: a host that never touches them gets
-** whatever the allocator returned, zero for a fresh allocation (valgrind
-** flags this deliberate read: .ci/valgrind.supp). */
-static AH_NOINLINE int host_extra_unused(lua_State *mainL) {
-  /* one real branch per byte (volatile reads; the empty asm keeps the
-  ** compiler from folding the tests into arithmetic): memcheck reports
-  ** the read here, where the suppression names it, and the result is a
-  ** constant it knows to be defined */
-  const volatile unsigned char *p =
-      (const volatile unsigned char *)lua_getextraspace(mainL);
-  size_t i;
-  for (i = 0; i < LUA_EXTRASPACE; i++) {
-    if (p[i] != 0) {
-      AH_BRANCH_BARRIER();
-      return 0;
-    }
-  }
-  return 1;
+/* The manual reserves LUA_EXTRASPACE for the host.  Its bytes cannot tell
+** whether a host uses them: Lua leaves the main thread's uninitialized, so
+** reading them would decide at random (and is undefined).  Ownership is
+** declared instead: a host that stores its own data there sets the
+** registry field AH_HOST_EXTRA (to any value but nil and false) before the
+** module loads; the module then never writes it and finds every thread's
+** slot in AUX_TSLOT.  Otherwise the module owns the extra space of the
+** threads it tracks. */
+#define AH_HOST_EXTRA "async_hooks.host_extraspace"
+static int host_owns_extra(lua_State *L) {
+  int owned = lua_getfield(L, LUA_REGISTRYINDEX, AH_HOST_EXTRA) != LUA_TNIL &&
+              lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return owned;
 }
 
 /* the slot array (inline), the anchor tables and metatables, the id
@@ -536,7 +529,7 @@ void ah_open_slots(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   st->mainL = lua_tothread(L, -1);
   lua_pop(L, 1);
-  st->extra = AH_EXTRA_FITS && host_extra_unused(st->mainL);
+  st->extra = AH_EXTRA_FITS && !host_owns_extra(L);
 
   ah_new_metatable(L, "async_hooks.cotoken", "__gc", cotok_gc, AUX_COTOK_MT);
   ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);

@@ -1,11 +1,13 @@
 /*
 ** extrahost.c - a small host that uses LUA_EXTRASPACE, as the Lua manual
-** allows, to check that async_hooks never writes it (issue 10 #8).
+** allows, to check that async_hooks never writes it once told so.
 **
 ** usage: extrahost host|none SCRIPT
 ** "host" fills the main thread's extra space with a pattern before anything
-** else runs (threads made later copy it); "none" leaves it zero, so the
-** module may use it.  The global function host_check() tells whether the
+** else runs (threads made later copy it) and declares it in the registry
+** field async_hooks.host_extraspace; "none" fills it with the same bytes
+** but declares nothing, so the module owns it (whatever bytes are there:
+** Lua leaves them uninitialized).  The global function host_check() tells whether the
 ** running thread's extra space still holds the host's bytes ("none": it
 ** returns true).  Exit status 0 when SCRIPT ran without error and the main
 ** thread's bytes are intact at the end.
@@ -46,12 +48,13 @@ int main(int argc, char **argv) {
   host_mode = strcmp(argv[1], "host") == 0;
   L = luaL_newstate();
   if (!L) return 2;
-  /* Lua does not initialize the main thread's extra space: "none" zeroes
-  ** it, as a fresh allocation usually is (ASan fills with garbage) */
-  if (host_mode)
-    pattern((unsigned char *)lua_getextraspace(L));
-  else
-    memset(lua_getextraspace(L), 0, LUA_EXTRASPACE);
+  /* Lua does not initialize the main thread's extra space: "none" leaves
+  ** non-zero bytes there too, which must not matter */
+  pattern((unsigned char *)lua_getextraspace(L));
+  if (host_mode) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "async_hooks.host_extraspace");
+  }
   luaL_openlibs(L);
   lua_pushcfunction(L, host_check);
   lua_setglobal(L, "host_check");
