@@ -90,6 +90,14 @@ docs:
 	ldoc -c config.ld . >/dev/null
 	@echo "build/docs/index.html"
 
+# the official Lua 5.4.4 test files and luv's own suite, unchanged, from
+# ../shared/external, with the library installed: six modes (installed, a
+# value set, hooks enabled, ...; tests/transparency.sh); skipped when the
+# folder is absent.  TRANSPARENCY_ARGS: names (gc coroutine luv ...)
+.PHONY: transparency
+transparency: build
+	$(call PATHS,$(TREE)) && LUA=$(LUA) ./tests/transparency.sh $(TRANSPARENCY_ARGS)
+
 # the call graph between the C files has no cycle (nm over each object;
 # prints the graph; also run by spec/14-callgraph_spec.lua)
 callgraph:
