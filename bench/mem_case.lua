@@ -3,8 +3,9 @@
 -- case: churn, suspended, pending, or one of the abandoning programs
 -- abandon, generator, idle.  variant: "raw" (library loaded, not
 -- installed: raw coroutines and luv), "installed" (nothing set), "value"
--- (an AsyncLocal set) or "hooks_res" (installed, a value set, a Node-style
--- 4-parameter init and before/after hooks that ask for the resource).  memcount.so
+-- (an AsyncLocal set), "init4" (installed, a value set, a Node-style
+-- 4-parameter init and a destroy hook) or "before_after" (installed, a
+-- value set, before/after hooks that ask for the resource).  memcount.so
 -- (bench/memcount.c, built by bench/memory.lua) measures everything malloc
 -- holds (Lua heap, luv, the library's C arrays); without it only the Lua
 -- heap is measured.  Prints one line "RESULT key=value ...".
@@ -22,14 +23,19 @@ if variant ~= "raw" then
   co = ah.coroutine
 end
 local v = ah.AsyncLocal.new()
-if variant == "hooks_res" then
+if variant == "init4" or variant == "before_after" then
   local seen = 0
-  ah.createHook {
-    init = function(_, _, _, resource) if resource then seen = seen + 1 end end,
-    before = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
-    after = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
-    destroy = function() seen = seen - 1 end,
-  }:enable()
+  if variant == "init4" then
+    ah.createHook {
+      init = function(_, _, _, resource) if resource then seen = seen + 1 end end,
+      destroy = function() seen = seen - 1 end,
+    }:enable()
+  else
+    ah.createHook {
+      before = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
+      after = function() if ah.executionAsyncResource() then seen = seen + 1 end end,
+    }:enable()
+  end
   v:set({ request = 1 })
 end
 local function with_value(f, ...)
