@@ -184,7 +184,7 @@ end
 --- a coroutine dropped while suspended in each luv idle callback
 function cases.idle()
   local create, resume = coroutine.create, coroutine.resume
-  local idle, left, res = uv.new_idle(), n, nil
+  local idle, left = uv.new_idle(), n
   full_gc()
   local start, peak = collectgarbage("count"), 0
   idle:start(function()
@@ -199,8 +199,7 @@ function cases.idle()
   end)
   uv.run()
   full_gc()
-  res = ("start=%.1f peak=%.1f end=%.1f"):format(start, peak, collectgarbage("count"))
-  return res
+  return ("start=%.1f peak=%.1f end=%.1f"):format(start, peak, collectgarbage("count"))
 end
 
 local f = assert(cases[what], "unknown case " .. tostring(what))
