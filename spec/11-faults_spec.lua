@@ -181,6 +181,10 @@ print(owned[1], table.concat(results, " "))
       pending("valgrind is not installed")
       return
     end
+    if os.getenv("AH_ASAN") or os.getenv("AH_VALGRIND") then
+      pending("a sanitizer build, or valgrind already: the plain build's runs check it")
+      return
+    end
     local path = H.tmpfile(SCRIPT)
     local p = io.popen(("valgrind -q --error-exitcode=9 %s %s 2>&1; echo \"rc=$?\""):format(H.lua_cmd(), path))
     local out = p:read("a")
