@@ -486,3 +486,106 @@ describe("a hook's own error", function()
     assert.matches("async_hooks: error in before hook %(fatal%): .-its own", err)
   end)
 end)
+
+-- The OpenResty backend has its own dispatch (ngx_hooks.lua, plain Lua for
+-- LuaJIT) with the same rule; its classification and its dispatch run here
+-- without nginx, under this Lua and under LuaJIT when there is one.
+describe("the OpenResty backend's dispatch (ngx_hooks.lua)", function()
+  local root = debug.getinfo(1, "S").source:sub(2):gsub("spec/15%-hook_errors_spec%.lua$", "")
+  local SCRIPT = [[
+    package.path = %q .. "lua/?.lua;" .. package.path
+    io.stdout:setvbuf("no")
+    local M = require("async_hooks.backend.ngx_hooks")
+    for _, e in ipairs { "C stack overflow", "stack overflow", "x.lua:3: stack overflow",
+      "stack overflow (too many arguments)", "a:1: b:2: not enough memory", "error in error handling",
+      "my stack overflow", "stack overflow x", "x.lua:3: budget", 42 } do
+      io.write(tostring(M.limit_message(e)), " ")
+    end
+    print()
+    -- where the error was raised, from a message handler
+    local function where(f, stop)
+      local got
+      xpcall(f, function() got = M.in_debug_hook(2, stop) end)
+      return got
+    end
+    -- (call hooks: LuaJIT runs no count hook inside compiled code; a debug
+    -- hook that stays set, as a sandbox's does)
+    local function once(f)
+      local armed = true
+      return function() if armed then armed = false; f() end end
+    end
+    local function budget() debug.sethook(once(function() error("budget") end), "c"); tostring(1) end
+    local function own() error("own") end
+    local function hook_calls_own() debug.sethook(once(own), "c"); tostring(1) end
+    print(where(function() error("own") end), where(budget), where(hook_calls_own, { own }))
+    debug.sethook()
+    if not newproxy then return end
+    -- the dispatch itself (M.new needs newproxy: LuaJIT, 5.1)
+    local counts
+    local H = M.new({}, function(...) counts = { ... } end)
+    local log = {}
+    local trapped = false
+    local h1 = { before = function(id)
+      if trapped then
+        trapped = false
+        debug.sethook(once(function() error("budget", 0) end), "c")
+        tostring(id)
+      end
+      log[#log + 1] = "h1 " .. id
+    end }
+    local h2 = { before = function(id) log[#log + 1] = "h2 " .. id end }
+    H.hook_enable(h1)
+    H.hook_enable(h2)
+    trapped = true
+    print(H.emit_before(7))
+    debug.sethook()
+    print(table.concat(log, " "))
+    H.hook_enable { init = function()
+      debug.sethook(once(function() error("budget", 0) end), "c")
+      tostring(1)
+    end }
+    print(pcall(H.emit_init, 8, "T", 1, {})) -- raised by init
+    debug.sethook()
+    H.hook_enable { destroy = function() error("its own") end }
+    H.emit_destroy(9)
+    print("not reached")
+  ]]
+
+  local function check(lua)
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(SCRIPT:format(root))
+    f:close()
+    local p = io.popen(("%s %s 2>&1"):format(lua, script))
+    local out = p:read("a")
+    local ok, _, status = p:close()
+    os.remove(script)
+    if lua == "luajit" then -- the hook's own error: fatal
+      assert.equal(1, status, out)
+      assert.matches("async_hooks: error in destroy hook %(fatal%): .-its own", out)
+    else
+      assert.is_true(ok, out)
+    end
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("true true true true true true false false false false ", lines[1])
+    assert.equal("false\ttrue\tfalse", lines[2])
+    return lines, out
+  end
+
+  it("tells a hook's own error from a limit's and from a debug hook's (this Lua)", function()
+    check(H.lua_cmd())
+  end)
+
+  it("does the same under LuaJIT, and its dispatch reaches every hook and returns the error", function()
+    if not io.open("/usr/bin/luajit") then
+      print("\n  skipped: no /usr/bin/luajit")
+      return
+    end
+    local lines, out = check("luajit")
+    assert.equal("true\tbudget", lines[3])
+    assert.equal("h2 7", lines[4]) -- h1 stopped by the debug hook, h2 reached
+    assert.equal("false\tbudget", lines[5])
+    assert.not_matches("not reached", out)
+  end)
+end)

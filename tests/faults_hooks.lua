@@ -135,10 +135,10 @@ function T.check()
   assert(v:get() == "base" and ah.executionAsyncId() == 1, "after the check's work")
   if with_luv then
     uv.run() -- what the failed run left pending
-    local got
-    v:run("ok", function() timer2:start(0, 0, function() got = v:get(); timer2:stop() end) end)
+    local seen_cb
+    v:run("ok", function() timer2:start(0, 0, function() seen_cb = v:get(); timer2:stop() end) end)
     uv.run()
-    assert(got == "ok", "luv propagation after the fault: " .. tostring(got))
+    assert(seen_cb == "ok", "luv propagation after the fault: " .. tostring(seen_cb))
     assert(ah.executionAsyncId() == 1 and core.stats().active == 0, "after the loop")
     timer:close()
     timer2:close()
