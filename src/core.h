@@ -120,8 +120,6 @@ typedef struct ah_state {
   int used_high; /* slots >= AH_INLINE in use */
   int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
   int dispatching;           /* depth of hook dispatch */
-  int disp_kind;             /* kind of the innermost dispatch (hooks.c) */
-  int disp_at;               /* the hook its run_hooks calls (1-based) */
   int reraised;              /* an error kept for an enclosing dispatch */
   int dirty;                 /* hook set changed during dispatch */
   int next_n[AH_NKINDS + 1]; /* sizes of the prepared lists (AUX_NEXT) */
@@ -265,11 +263,16 @@ int ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
 int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
 int ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                  lua_Integer trigger, int res_idx);
-int ah_keep_first(lua_State *L, int first, int err);
 int ah_raise(lua_State *L);
 int ah_reraised(lua_State *L, ah_state *st, int idx);
 int ah_cstack_error(lua_State *L, int idx);
 int ah_flush_status(lua_State *L, ah_state *st);
+/* keep the first of two errors (first, err: 1 when each was pushed, the
+** first below): returns 1 when one is left on top */
+static inline int ah_keep_first(lua_State *L, int first, int err) {
+  if (first && err) lua_pop(L, 1);
+  return first || err;
+}
 void ah_flush(lua_State *L, ah_state *st);
 void ah_luv_notify(lua_State *L, ah_state *st);
 /* at the end of an outermost callback, resume or scope: deliver queued

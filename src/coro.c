@@ -137,8 +137,8 @@ static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
 /* emit before/after for the coroutine in slot cs, in its context, and for
 ** the scopes open inside it; 1 with the first error of their dispatches
 ** pushed (every event is emitted all the same) */
-static int emit_slice(lua_State *L, ah_state *st, int kind, int cs,
-                      lua_State *co, int co_idx) {
+static AH_ALWAYS_INLINE int emit_slice(lua_State *L, ah_state *st, int kind,
+                                       int cs, lua_State *co, int co_idx) {
   /* its ids first: a scope's after hook can close co, and a coroutine
   ** created then can take its slot */
   lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;

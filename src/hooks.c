@@ -219,22 +219,7 @@ static int l_hook_counts(lua_State *L) {
 ** again (ah_raise; false when none). */
 static char aux_key, reraise_key;
 
-/* run_hooks(at, list, args...): call the functions of list with args,
-** from the one after *at (0: the first), noting in *at the one called (a
-** counter in the dispatch's C frame, see dispatch); runs protected as a
-** whole: one protected call per event, not per hook */
-static int run_hooks(lua_State *L) {
-  int *at = (int *)lua_touserdata(L, 1);
-  int nargs = lua_gettop(L) - 2, n = (int)lua_rawlen(L, 2), i, j;
-  luaL_checkstack(L, nargs + 1, "async_hooks dispatch");
-  for (i = *at + 1; i <= n; i++) {
-    *at = i;
-    lua_rawgeti(L, 2, i);
-    for (j = 3; j <= nargs + 2; j++) lua_pushvalue(L, j);
-    lua_call(L, nargs, 0);
-  }
-  return 0;
-}
+static int run_hooks(lua_State *L);
 
 /* The message as Lua raises it for a limit, not for a program's error:
 ** "stack overflow" (a Lua stack that cannot grow), "C stack overflow",
@@ -296,12 +281,12 @@ static int library_function(lua_State *L, ah_state *st, int idx) {
 ** called by a debug hook (namewhat "hook").  The walk ends at the hook
 ** function the dispatch called (or run_hooks), or, past a tail call (the
 ** hook's own frame may be gone), at a C function of this library. */
-static int in_debug_hook(lua_State *L, ah_state *st, int aux) {
+static int in_debug_hook(lua_State *L, ah_state *st, int aux, int kind) {
   lua_Debug ar;
-  int level, tail = 0, single = st->nhooks[st->disp_kind] == 1;
+  int level, tail = 0, single = st->nhooks[kind] == 1;
   const void *fn = NULL;
   if (single) {
-    lua_rawgeti(L, aux, AUX_HOOK1 + st->disp_kind - 1);
+    lua_rawgeti(L, aux, AUX_HOOK1 + kind - 1);
     fn = lua_topointer(L, -1);
     lua_pop(L, 1);
   }
@@ -323,18 +308,17 @@ static int in_debug_hook(lua_State *L, ah_state *st, int aux) {
   return 0;
 }
 
-/* The message handler of every dispatch, where the error was raised (the
-** stack is still there).  An error that is not the hook's own is returned
-** unchanged: a stack overflow or memory error (limit_message), an error
-** raised while a debug hook runs (in_debug_hook), or one that an operation
-** called by the hook raised again (ah_raise).  Anything else was raised by
-** the hook's own code: the error and a traceback go to stderr, and the
-** process exits with status 1.  Raises nothing (an error here would be
-** handled by this handler again). */
-static int hook_msgh(lua_State *L) {
+/* The message handler of every dispatch of kind, where the error was raised
+** (the stack is still there).  An error that is not the hook's own is
+** returned unchanged: a stack overflow or memory error (limit_message), an
+** error raised while a debug hook runs (in_debug_hook), or one that an
+** operation called by the hook raised again (ah_raise).  Anything else was
+** raised by the hook's own code: the error and a traceback go to stderr,
+** and the process exits with status 1.  Raises nothing (an error here
+** would be handled by this handler again). */
+static int hook_msgh(lua_State *L, int kind) {
   ah_state *st;
   const char *msg;
-  int kind;
   if (limit_error(L, 1, 0)) return 1;
   lua_settop(L, 1);
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &aux_key) != LUA_TTABLE) return 1;
@@ -342,7 +326,6 @@ static int hook_msgh(lua_State *L) {
   st = (ah_state *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   if (st == NULL) return 1;
-  kind = st->disp_kind;
   if (st->reraised) {
     int again;
     lua_rawgetp(L, LUA_REGISTRYINDEX, &reraise_key);
@@ -353,7 +336,7 @@ static int hook_msgh(lua_State *L) {
       return 1;
     }
   }
-  if (kind < 1 || kind > AH_NKINDS || in_debug_hook(L, st, 2)) {
+  if (in_debug_hook(L, st, 2, kind)) {
     lua_settop(L, 1);
     return 1;
   }
@@ -373,58 +356,41 @@ static int hook_msgh(lua_State *L) {
   return 0;
 }
 
-/* push what the dispatch calls: the hook itself when the list has one
-** function, the common case, else run_hooks, the counter at and the list;
-** then the arguments (id; for init also the type at type_idx, the trigger,
-** the resource at res_idx).  Returns how many values follow the function.
-** Pushes nothing that allocates or runs code. */
-static AH_ALWAYS_INLINE int push_call(lua_State *L, ah_state *st, int kind,
-                                      int *at, lua_Integer id, int type_idx,
-                                      lua_Integer trigger, int res_idx) {
-  int n = 1;
-  if (ah_likely(st->nhooks[kind] == 1)) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
-  } else {
-    lua_pushcfunction(L, run_hooks);
-    lua_pushlightuserdata(L, at);
-    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-    lua_rawgeti(L, -1, kind);
-    lua_replace(L, -2);
-    n = 3;
-  }
-  lua_pushinteger(L, id);
-  if (type_idx) {
-    lua_pushvalue(L, type_idx);
-    lua_pushinteger(L, trigger);
-    lua_pushvalue(L, res_idx);
-    n += 3;
-  }
-  return n;
-}
+/* one handler per kind: the dispatch pushes the one of its kind (no state
+** to keep per dispatch) */
+static int msgh_init(lua_State *L) { return hook_msgh(L, AH_INIT); }
+static int msgh_before(lua_State *L) { return hook_msgh(L, AH_BEFORE); }
+static int msgh_after(lua_State *L) { return hook_msgh(L, AH_AFTER); }
+static int msgh_destroy(lua_State *L) { return hook_msgh(L, AH_DESTROY); }
+static const lua_CFunction msghs[AH_NKINDS + 1] = {
+  NULL, msgh_init, msgh_before, msgh_after, msgh_destroy
+};
 
-/* A dispatch failed ([handler error] at base + 1): the hooks after the one
-** that failed still get the event (their errors after the first are
-** dropped); leaves the first error at base + 1. */
-static AH_COLD void dispatch_failed(lua_State *L, ah_state *st, int kind,
-                                    int base, int *at, lua_Integer id,
-                                    int type_idx, lua_Integer trigger,
-                                    int res_idx) {
-  if (st->nhooks[kind] != 1) {
-    int n;
-    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-    lua_rawgeti(L, -1, kind);
-    n = (int)lua_rawlen(L, -1);
-    lua_pop(L, 2);
-    while (*at < n) {
-      int prev = *at;
-      if (lua_pcall(L, push_call(L, st, kind, at, id, type_idx, trigger, res_idx),
-                    0, base + 1) != LUA_OK) {
-        lua_pop(L, 1);
-        if (*at == prev) (*at)++; /* failed before calling it: skip it */
-      }
+/* run_hooks(st, handler, list, args...): call every function of list with
+** args, each in a protected call of its own with the dispatch's handler (a
+** hook's own error ends the process there), so that an error of one hook
+** keeps none of the others from the event.  The first error is raised
+** again at the end, passed through by the dispatch's handler
+** (st->reraised).  Only for a kind with several hooks: one is called by
+** the dispatch itself. */
+static int run_hooks(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, 1);
+  int nargs = lua_gettop(L) - 3, n = (int)lua_rawlen(L, 3), i, j, err = 0;
+  luaL_checkstack(L, nargs + 4, "async_hooks dispatch");
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, 3, i);
+    for (j = 4; j <= nargs + 3; j++) lua_pushvalue(L, j);
+    if (lua_pcall(L, nargs, 0, 2) != LUA_OK) {
+      if (err) lua_pop(L, 1); /* the first stays, above the handler */
+      err = 1;
     }
   }
-  lua_remove(L, base + 1);
+  if (!err) return 0;
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &reraise_key); /* the key exists */
+  st->reraised = 1;
+  st->dirty = 1; /* (cleared when the outermost dispatch ends) */
+  return lua_error(L);
 }
 
 /* the outermost dispatch ended and something was left for then: the hook
@@ -439,34 +405,47 @@ static void outermost_end(lua_State *L, ah_state *st) {
   }
 }
 
-/* Dispatch the hooks of `kind` in one protected call.  Returns 0, or 1
-** with the error pushed (see core.h).  A hook's own error ends the process
-** (hook_msgh).  Allocates nothing and raises nothing once the caller made
-** room for 8 values (12 for init: the end of the dispatch only swaps
-** prepared lists in): callers dispatch inside sections that must not
-** fail.  A dispatch keeps the list it started with. */
-static int dispatch(lua_State *L, ah_state *st, int kind, lua_Integer id,
-                    int type_idx, lua_Integer trigger, int res_idx) {
-  int base = lua_gettop(L), status, pkind = st->disp_kind, at = 0;
-  lua_pushcfunction(L, hook_msgh); /* base + 1 */
+/* Dispatch the hooks of `kind` in one protected call: the hook itself when
+** the list has one function, the common case, else run_hooks and the list;
+** the arguments are id and, for init (type_idx != 0), the type at
+** type_idx, the trigger and the resource at res_idx.  Returns 0, or 1 with
+** the error pushed (see core.h): the event reached every hook all the
+** same.  A hook's own error ends the process (hook_msgh).  Allocates
+** nothing and raises nothing once the caller made room for 8 values (12
+** for init; the end of the dispatch only swaps prepared lists in): callers
+** dispatch inside sections that must not fail.  A dispatch keeps the list
+** it started with. */
+static AH_ALWAYS_INLINE int dispatch(lua_State *L, ah_state *st, int kind,
+                                     lua_Integer id, int type_idx,
+                                     lua_Integer trigger, int res_idx) {
+  int base = lua_gettop(L), status, nargs = 1;
+  lua_pushcfunction(L, msghs[kind]); /* base + 1 */
+  if (ah_likely(st->nhooks[kind] == 1)) {
+    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
+  } else {
+    lua_pushcfunction(L, run_hooks);
+    lua_pushlightuserdata(L, st);
+    lua_pushcfunction(L, msghs[kind]);
+    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
+    lua_rawgeti(L, -1, kind);
+    lua_replace(L, -2);
+    nargs = 4;
+  }
+  lua_pushinteger(L, id);
+  if (type_idx) {
+    lua_pushvalue(L, type_idx);
+    lua_pushinteger(L, trigger);
+    lua_pushvalue(L, res_idx);
+    nargs += 3;
+  }
   st->dispatching++;
-  st->disp_kind = kind;
-  status = lua_pcall(L, push_call(L, st, kind, &at, id, type_idx, trigger, res_idx),
-                     0, base + 1);
+  status = lua_pcall(L, nargs, 0, base + 1);
   if (ah_likely(status == LUA_OK))
     lua_settop(L, base);
   else
-    dispatch_failed(L, st, kind, base, &at, id, type_idx, trigger, res_idx);
-  st->disp_kind = pkind;
+    lua_remove(L, base + 1); /* the handler: [error] */
   if (--st->dispatching == 0 && st->dirty) outermost_end(L, st);
   return status != LUA_OK;
-}
-
-/* keep the first of two errors (first, err: 1 when each was pushed, the
-** first below): returns 1 when one is left on top */
-int ah_keep_first(lua_State *L, int first, int err) {
-  if (first && err) lua_pop(L, 1);
-  return first || err;
 }
 
 /* Raise the error on top that a dispatch returned, once the operation is
@@ -554,7 +533,8 @@ int ah_flush_status(lua_State *L, ah_state *st) {
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;
     /* room: above (one value more for an error) */
-    err = ah_keep_first(L, err, ah_emit_id_reserved(L, st, AH_DESTROY, st->dq[i]));
+    if (ah_unlikely(dispatch(L, st, AH_DESTROY, st->dq[i], 0, 0, 0)))
+      err = ah_keep_first(L, err, 1);
   }
   st->dq_n = 0;
   st->active--;

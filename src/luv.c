@@ -257,8 +257,8 @@ static void push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec) {
 /* luv accepted the registration of r (at rec, 0: lost): its init (with
 ** its resource when an init hook can see it).  Returns 1 with an error of
 ** the dispatch pushed: the registration's, raised once it is complete */
-static int registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
-                      int handle_idx) {
+static int registered(lua_State *L, ah_state *st, ah_rec *r,
+                                       int rec, int handle_idx) {
   if (st->nhooks[AH_INIT]) {
     luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
     push_type(L, handle_idx);

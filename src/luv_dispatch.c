@@ -180,17 +180,16 @@ typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
 static AH_NOINLINE int flush_in_run(lua_State *L, ah_state *st) {
   int err;
-  if (st->luv_pending) {
-    lua_getiuservalue(L, RUN_LV, LV_FLUSH);
-    if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory: */
-      lua_pop(L, 1);
-      st->luv_pending = 0; /* the destroys without the Lua step, */
-      err = ah_flush_due(st) ? ah_flush_status(L, st) : 0;
-      st->luv_pending = 1; /* which is retried at the next flush */
-      return err;
-    }
+  if (!st->luv_pending) return ah_flush_status(L, st);
+  lua_getiuservalue(L, RUN_LV, LV_FLUSH);
+  if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory: */
+    lua_pop(L, 1);
+    st->luv_pending = 0; /* the destroys without the Lua step, */
+    err = ah_flush_status(L, st);
+    st->luv_pending = 1; /* which is retried at the next flush */
+    return err;
   }
-  return ah_flush_due(st) ? ah_flush_status(L, st) : 0;
+  return ah_flush_status(L, st);
 }
 
 /* F[s] = the frame at idx, not anchored (dispatch_run holds it on the

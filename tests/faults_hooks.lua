@@ -10,7 +10,7 @@
 -- an error of a callback's hooks is the callback's, which luv reports (told
 -- here not to exit); the state must be as consistent.
 local with_luv = os.getenv("AH_FAULTS_LUV") == "1"
-local uv, ah, core, v, hook, seen, timer, timer2
+local uv, ah, core, v, hook, hook2, seen, timer, timer2
 local T = {}
 
 function T.setup()
@@ -39,6 +39,12 @@ function T.setup()
     destroy = function(id) seen[id] = nil end,
   }
   hook:enable()
+  -- a second before/after hook: those kinds go through the list (run_hooks)
+  hook2 = ah.createHook {
+    before = function(id) local s = seen[id]; if s then s.n = (s.n or 0) + 1 end end,
+    after = function(id) local s = seen[id]; if s then s[#s + 1] = tostring(s.n) end end,
+  }
+  hook2:enable()
 end
 
 -- every result checked: an error inside a coroutine surfaces too
@@ -145,6 +151,7 @@ function T.check()
     uv.run()
   end
   hook:disable()
+  hook2:disable()
   ah.uninstall()
 end
 
