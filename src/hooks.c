@@ -585,17 +585,6 @@ static int l_emit_init(lua_State *L) {
   return 0;
 }
 
-/* emit_destroy(id): queue, and deliver now when nothing is active (a
-** scope of the resource open in a suspended coroutine is out: it stays
-** out, see scope.c's ah_scopes_slice) */
-static int l_emit_destroy(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer id = luaL_checkinteger(L, 1);
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
-  ah_flush_maybe(L, st);
-  return 0;
-}
-
 static int gctok_gc(lua_State *L) {
   ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
   if (!t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
@@ -617,15 +606,37 @@ static int l_gc_token(lua_State *L) {
   return 1;
 }
 
-static int l_gc_token_cancel(lua_State *L) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
-  int ok = lua_getmetatable(L, 1);
+/* the GC token at idx, or NULL */
+static ah_gctok *gc_token_at(lua_State *L, int idx) {
+  ah_gctok *t = (ah_gctok *)lua_touserdata(L, idx);
+  int ok = t != NULL && lua_getmetatable(L, idx);
   if (ok) {
     lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
     ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
   }
-  luaL_argexpected(L, t && ok, 1, "gc token");
+  return ok ? t : NULL;
+}
+
+static int l_gc_token_cancel(lua_State *L) {
+  ah_gctok *t = gc_token_at(L, 1);
+  luaL_argexpected(L, t != NULL, 1, "gc token");
   t->done = 1;
+  return 0;
+}
+
+/* emit_destroy(id[, resource, token]): queue, and deliver now when nothing
+** is active (a scope of the resource open in a suspended coroutine is out:
+** it stays out, see scope.c's ah_scopes_slice).  The resource's GC token
+** is cancelled first: when a destroy hook's dispatch raises, the destroy
+** was delivered all the same, and the collection must not queue another */
+static int l_emit_destroy(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer id = luaL_checkinteger(L, 1);
+  ah_gctok *t = lua_isuserdata(L, 3) ? gc_token_at(L, 3) : NULL;
+  if (t) t->done = 1;
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
   return 0;
 }
 

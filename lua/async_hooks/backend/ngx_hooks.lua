@@ -239,7 +239,11 @@ function M.new(persist, on_counts)
     return false
   end
 
-  local function emit_destroy(id)
+  -- (the resource's GC token, if given, is cancelled first: when a destroy
+  -- hook's dispatch raises, the destroy was delivered all the same)
+  local tok_id
+  local function emit_destroy(id, _, tok)
+    if tok ~= nil then tok_id[tok] = nil end
     local f, e = destroy_now(id)
     if f then raise(e) end
   end
@@ -274,7 +278,7 @@ function M.new(persist, on_counts)
 
   -- destroy on collection: a proxy whose finalizer queues the destroy (it is
   -- delivered at the next library call that dispatches, never inside __gc)
-  local tok_id = setmetatable({}, WEAKK)
+  tok_id = setmetatable({}, WEAKK)
   local TOKPROXY = newproxy(true)
   getmetatable(TOKPROXY).__gc = function(p)
     local id = tok_id[p]
