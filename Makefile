@@ -61,7 +61,8 @@ valgrind: build
 soak: build
 	$(call PATHS,$(TREE)) && AH_SOAK_SECONDS=$${AH_SOAK_SECONDS:-60} $(BUSTED) spec/10-soak_spec.lua
 
-# fault injection: every allocation of the workload fails once, in turn
+# fault injection: every allocation of the workload fails, in turn (and
+# every one after it, or, AH_FAULTS_ONCE=1, it alone; see tests/failalloc.c)
 # (ASan + UBSan build of the module and of the harness)
 faults: asanbuild
 	gcc -std=c99 -Wall -Wextra -O1 -g $(SAN_FLAGS) $(LUA_CFLAGS) tests/failalloc.c -o build.luarocks/failalloc $(LUA_LIBS) -lm
@@ -71,6 +72,10 @@ faults: asanbuild
 	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
 	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=1 AH_FAULTS_SEEING=1 ASAN_OPTIONS=detect_leaks=0 \
 	  ./build.luarocks/failalloc tests/faults.lua $${AH_FAULTS:-3000}
+	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=0 ASAN_OPTIONS=detect_leaks=1 \
+	  ./build.luarocks/failalloc tests/faults_hooks.lua $${AH_FAULTS:-3000}
+	$(call PATHS,$(ASANTREE)) && AH_FAULTS_LUV=0 AH_FAULTS_ONCE=1 ASAN_OPTIONS=detect_leaks=1 \
+	  ./build.luarocks/failalloc tests/faults_hooks.lua $${AH_FAULTS:-3000}
 
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua

@@ -44,6 +44,7 @@ local SERVER = table.concat({
   "location /destroy_work { " .. app("destroy_work") .. " }",
   "location /destroy_end { " .. app("destroy_end") .. " }",
   "location /same_errors { " .. app("same_errors") .. " }",
+  "location /hook_errors { " .. app("hook_errors") .. " }",
   "location /scope_yield { " .. app("scope_yield") .. " }",
   "location /kill_in_scope { " .. app("kill_in_scope") .. " }",
   "location /ids { " .. app("ids") .. " }",
@@ -186,6 +187,16 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       "in!", "base", "falsetruebasedflt", "plain", "base", "scoped/scoped/base", "base", "sock:204/base",
       "latebase", "base", "nildflt", "later", "store", "nil", "later", "dd", "2",
     }, " "), get("/scopes"))
+  end)
+
+  it("an error in a hook's dispatch that is not the hook's own surfaces from the operation; the worker lives", function()
+    local first = get("/hook_errors")
+    local w = first:match("(%d+)$")
+    assert.are.equal("false:trapped false req true " .. -- (before: fn did not run, the context back)
+      "false:trapped false:trapped " .. -- (create, AsyncResource.new: init)
+      "req init,before,after,before,after,destroy,before,after,destroy " .. w, (first:gsub("\n", " ")))
+    -- the same worker serves the next request
+    assert.are.equal(w, get("/hook_errors"):match("(%d+)$"))
   end)
 
   it("hooks: init/before/after/destroy for coroutines, light threads, timers, AsyncResource", function()

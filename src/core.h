@@ -120,6 +120,7 @@ typedef struct ah_state {
   int used_high; /* slots >= AH_INLINE in use */
   int nhooks[AH_NKINDS + 1]; /* enabled hook functions per kind */
   int dispatching;           /* depth of hook dispatch */
+  int reraised;              /* an error kept for an enclosing dispatch */
   int dirty;                 /* hook set changed during dispatch */
   int next_n[AH_NKINDS + 1]; /* sizes of the prepared lists (AUX_NEXT) */
   int init_res;              /* init hooks that can see their 4th argument
@@ -243,29 +244,45 @@ void ah_open_slots(lua_State *L);
 /* frames.c */
 void ah_open_frames(lua_State *L);
 
-/* hooks.c */
-void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
-void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
-                    lua_Integer trigger, int res_idx);
-void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
-void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
-                  lua_Integer trigger, int res_idx);
+/* hooks.c.  The emit functions return 0, or 1 with an error pushed: an
+** error of the dispatch that is not a hook's own (a stack overflow, out of
+** memory, an error raised by a debug hook; a hook's own error ends the
+** process).  The event reached every hook all the same; the caller
+** finishes what it was doing and then raises it (ah_raise), or hands it
+** on as its operation reports errors. */
+int ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
+int ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
+                   lua_Integer trigger, int res_idx);
+int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
+int ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
+                 lua_Integer trigger, int res_idx);
+int ah_raise(lua_State *L);
+int ah_reraised(lua_State *L, ah_state *st, int idx);
+int ah_cstack_error(lua_State *L, int idx);
+int ah_flush_status(lua_State *L, ah_state *st);
+/* keep the first of two errors (first, err: 1 when each was pushed, the
+** first below): returns 1 when one is left on top */
+static inline int ah_keep_first(lua_State *L, int first, int err) {
+  if (first && err) lua_pop(L, 1);
+  return first || err;
+}
 void ah_flush(lua_State *L, ah_state *st);
 void ah_luv_notify(lua_State *L, ah_state *st);
 /* at the end of an outermost callback, resume or scope: deliver queued
 ** destroys (and tell luv about destroy hooks); Lua code, can raise */
+#define ah_flush_due(st) \
+  (((st)->dq_n || (st)->luv_pending) && !(st)->active && !(st)->dispatching)
 #define ah_flush_maybe(L, st) \
   do { \
-    if (((st)->dq_n || (st)->luv_pending) && !(st)->active && !(st)->dispatching) \
-      ah_flush((L), (st)); \
+    if (ah_flush_due(st)) ah_flush((L), (st)); \
   } while (0)
 #define ah_hooks_on(st, k) ((st)->nhooks[k] != 0)
 void ah_open_hooks(lua_State *L);
 
 /* scope.c */
-void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
-                lua_Integer trigger, int res_idx);
-void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx);
+int ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
+               lua_Integer trigger, int res_idx);
+int ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx);
 void ah_open_scope(lua_State *L);
 
 /* coro.c */

@@ -35,7 +35,11 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
       ah_push_resource_of(L, st, ns, thread_idx);
     else
       lua_pushnil(L);
-    ah_emit_init_v(L, st, st->slots[ns].base_id, -2, trigger, -1);
+    /* an error of the dispatch (not the hook's own) is create's, the
+    ** coroutine registered all the same (unreachable, destroyed when
+    ** collected: its init was delivered) */
+    if (ah_emit_init_v(L, st, st->slots[ns].base_id, -2, trigger, -1))
+      ah_raise(L);
     lua_pop(L, 2);
   }
 }
@@ -152,9 +156,9 @@ static int suspended(lua_State *co) {
 ** which has or had slot cs, as if it ran: the resumer's ids are the
 ** coroutine's meanwhile, and its resource is reported as the resumer's
 ** (st->ov, see core.h): nothing is written to a table */
-static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
-                     lua_State *co, lua_Integer id, lua_Integer trigger) {
-  int s;
+static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
+                    lua_State *co, lua_Integer id, lua_Integer trigger) {
+  int s, err;
   lua_Integer pid, ptrig;
   ah_ov pov = st->ov;
   if (kind == AH_AFTER) /* (before: resume's own frame has LUA_MINSTACK) */
@@ -168,16 +172,18 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   st->ov.res = cs;
   st->ov.co = co;
   st->ov.id = id;
-  ah_emit_id_reserved(L, st, kind, id);
+  err = ah_emit_id_reserved(L, st, kind, id);
   st->slots[s].id = pid; /* s is the running thread's: still its slot */
   st->slots[s].trigger = ptrig;
   st->ov = pov;
+  return err;
 }
 
 /* emit before/after for the coroutine in slot cs, in its context, and for
-** the scopes open inside it */
-static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
-                       lua_State *co, int co_idx) {
+** the scopes open inside it; 1 with the first error of their dispatches
+** pushed (every event is emitted all the same) */
+static AH_ALWAYS_INLINE int emit_slice(lua_State *L, ah_state *st, int kind,
+                                       int cs, lua_State *co, int co_idx) {
   /* its ids first: a scope's after hook can close co, and a coroutine
   ** created then can take its slot */
   lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
@@ -185,9 +191,13 @@ static void emit_slice(lua_State *L, ah_state *st, int kind, int cs,
   ** without (see ah_scopes_slice) */
   int scopes = st->slots[cs].scopes &&
                (kind == AH_AFTER || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]);
-  if (scopes && kind == AH_AFTER) ah_scopes_slice(L, st, AH_AFTER, co_idx);
-  if (st->nhooks[kind]) emit_own(L, st, kind, cs, co, id, trigger);
-  if (scopes && kind == AH_BEFORE) ah_scopes_slice(L, st, AH_BEFORE, co_idx);
+  int err = 0;
+  if (scopes && kind == AH_AFTER) err = ah_scopes_slice(L, st, AH_AFTER, co_idx);
+  if (st->nhooks[kind])
+    err = ah_keep_first(L, err, emit_own(L, st, kind, cs, co, id, trigger));
+  if (scopes && kind == AH_BEFORE)
+    err = ah_keep_first(L, err, ah_scopes_slice(L, st, AH_BEFORE, co_idx));
+  return err;
 }
 
 /* the coroutine in slot cs is finished: destroy it once */
@@ -216,11 +226,15 @@ static int take_results(lua_State *L, lua_State *co, int status, int nres) {
 }
 
 /* the rest of a resume of the coroutine in slot cs (-1: none), which
-** returned status with nres results: results, after, destroy */
+** returned status with nres results: results, after, destroy.  An error
+** of their dispatches is raised once all is done: it is the resumer's (its
+** hooks run there), as a stack overflow, memory error or debug hook's
+** error in the resumer's own code would be */
 static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
                                int co_idx, int cs, int runs, int hooks,
                                int status, int nres) {
   lua_Integer id;
+  int err = 0;
   nres = take_results(L, co, status, nres);
   if (cs < 0) goto done;
   id = st->slots[cs].base_id;
@@ -228,7 +242,7 @@ static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
   ** open scopes are marked out even without hooks (see emit_slice) */
   if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE] ||
                          st->slots[cs].scopes))) {
-    emit_slice(L, st, AH_AFTER, cs, co, co_idx);
+    err = emit_slice(L, st, AH_AFTER, cs, co, co_idx);
     /* the after hook closed co (ended and released: the slot may be
     ** another thread's now) */
     if (st->slots[cs].L != co || st->slots[cs].base_id != id) goto done;
@@ -243,8 +257,29 @@ static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
     ended(st, cs);
   }
 done:
-  ah_flush_maybe(L, st);
+  if (ah_flush_due(st)) err = ah_keep_first(L, err, ah_flush_status(L, st));
+  if (ah_unlikely(err)) ah_raise(L);
   return nres;
+}
+
+/* The before half of a resume failed (the error on top, the arguments
+** below it): the coroutine does not run, its after half is emitted all
+** the same (events stay balanced), then the error is resume's.  A C stack
+** overflow is returned (resume returns false and it, as Lua's resume does
+** at that depth); anything else is raised, as in resumed().  closed: the
+** before hook closed co (asyncId id, triggerAsyncId trigger). */
+static AH_COLD int not_resumed(lua_State *L, ah_state *st, lua_State *co,
+                               int co_idx, int cs, int closed, lua_Integer id,
+                               lua_Integer trigger) {
+  if (closed) {
+    if (st->nhooks[AH_AFTER])
+      ah_keep_first(L, 1, emit_own(L, st, AH_AFTER, cs, co, id, trigger));
+  } else {
+    ah_keep_first(L, 1, emit_slice(L, st, AH_AFTER, cs, co, co_idx));
+  }
+  if (ah_flush_due(st)) ah_keep_first(L, 1, ah_flush_status(L, st));
+  if (ah_cstack_error(L, -1)) return -1;
+  return ah_raise(L);
 }
 
 /* lcorolib's auxresume, plus hooks, for every case */
@@ -264,15 +299,20 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
   hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
   if (hooks) {
     lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
-    emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
-    if (ah_unlikely(st->slots[cs].L != co || st->slots[cs].base_id != id)) {
+    int err = emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
+    int closed = st->slots[cs].L != co || st->slots[cs].base_id != id;
+    if (ah_unlikely(err)) return not_resumed(L, st, co, co_idx, cs, closed, id, trigger);
+    if (ah_unlikely(closed)) {
       /* the before hook closed co (its slot may be another thread's now):
       ** its after, in its context (its ids; its resource, anchored by its
       ** thread when it had one), nothing from the slot */
       lua_xmove(L, co, narg);
       status = lua_resume(co, L, narg, &nres); /* cannot resume dead */
-      if (st->nhooks[AH_AFTER]) emit_own(L, st, AH_AFTER, cs, co, id, trigger);
-      return resumed(L, st, co, co_idx, -1, runs, 0, status, nres);
+      nres = take_results(L, co, status, nres);
+      err = st->nhooks[AH_AFTER] && emit_own(L, st, AH_AFTER, cs, co, id, trigger);
+      if (ah_flush_due(st)) err = ah_keep_first(L, err, ah_flush_status(L, st));
+      if (ah_unlikely(err)) ah_raise(L);
+      return nres;
     }
   }
   lua_xmove(L, co, narg);
@@ -343,9 +383,11 @@ static int co_auxwrap(lua_State *L) {
       lua_xmove(co, L, 1);
     }
     if (stat != LUA_ERRMEM && lua_type(L, -1) == LUA_TSTRING) {
+      int again = ah_reraised(L, st, -1); /* a dispatch's, raised again */
       luaL_where(L, 1);
       lua_insert(L, -2);
       lua_concat(L, 2);
+      if (ah_unlikely(again)) return ah_raise(L);
     }
     return lua_error(L);
   }

@@ -13,6 +13,7 @@
 */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -212,8 +213,134 @@ static int l_hook_counts(lua_State *L) {
 /* --------------------------------------------------------------------- */
 /* dispatch                                                                */
 
-static int fatal_msgh(lua_State *L) {
-  const char *msg = lua_tostring(L, 1);
+/* Light registry keys of this file: the aux table (the message handler is
+** a light C function, without upvalues: it finds the state there, on the
+** error path only), and the error an operation called by a hook raised
+** again (ah_raise; false when none). */
+static char aux_key, reraise_key;
+
+static int run_hooks(lua_State *L);
+
+/* The message as Lua raises it for a limit, not for a program's error:
+** "stack overflow" (a Lua stack that cannot grow), "C stack overflow",
+** "stack overflow (...)" (luaL_checkstack), "not enough memory" and "error
+** in error handling" (statuses LUA_ERRMEM and LUA_ERRERR, as strings once
+** raised again), each maybe after positions ("chunk:line: ", added by Lua
+** or by coroutine.wrap).  cstack: "C stack overflow" only. */
+static int limit_message(const char *s, size_t n, int cstack) {
+  static const char *const exact[] = {
+    "C stack overflow", "stack overflow", "not enough memory",
+    "error in error handling", NULL
+  };
+  size_t p = 0;
+  for (;;) {
+    const char *t = s + p;
+    size_t m = n - p;
+    int i;
+    for (i = 0; exact[i] && (!cstack || i == 0); i++)
+      if (m == strlen(exact[i]) && memcmp(t, exact[i], m) == 0) return 1;
+    if (!cstack && m > 16 && memcmp(t, "stack overflow (", 16) == 0 &&
+        s[n - 1] == ')')
+      return 1;
+    t = (const char *)memchr(t, ':', m);
+    while (t && (size_t)(t - s) + 1 < n && t[1] != ' ')
+      t = (const char *)memchr(t + 1, ':', n - (size_t)(t - s) - 1);
+    if (!t || (size_t)(t - s) + 1 >= n) return 0;
+    p = (size_t)(t - s) + 2; /* past the next ": " */
+  }
+}
+
+static int limit_error(lua_State *L, int idx, int cstack) {
+  size_t n;
+  const char *s;
+  if (lua_type(L, idx) != LUA_TSTRING) return 0;
+  s = lua_tolstring(L, idx, &n);
+  return limit_message(s, n, cstack);
+}
+
+/* the error at idx is Lua's "C stack overflow" (coro.c: resume reports it
+** as lua_resume does at the limit) */
+int ah_cstack_error(lua_State *L, int idx) {
+  return limit_error(L, idx, 1);
+}
+
+/* a C function of this library: one of its upvalues is the state */
+static int library_function(lua_State *L, ah_state *st, int idx) {
+  int i;
+  idx = lua_absindex(L, idx);
+  for (i = 1; lua_getupvalue(L, idx, i) != NULL; i++) {
+    int is = lua_islightuserdata(L, -1) && lua_touserdata(L, -1) == st;
+    lua_pop(L, 1);
+    if (is) return 1;
+  }
+  return 0;
+}
+
+/* The error being handled was raised while a debug hook ran: a function
+** between the raise and the hook function that the dispatch called was
+** called by a debug hook (namewhat "hook").  The walk ends at the hook
+** function the dispatch called (or run_hooks), or, past a tail call (the
+** hook's own frame may be gone), at a C function of this library. */
+static int in_debug_hook(lua_State *L, ah_state *st, int aux, int kind) {
+  lua_Debug ar;
+  int level, tail = 0, single = st->nhooks[kind] == 1;
+  const void *fn = NULL;
+  if (single) {
+    lua_rawgeti(L, aux, AUX_HOOK1 + kind - 1);
+    fn = lua_topointer(L, -1);
+    lua_pop(L, 1);
+  }
+  for (level = 1; lua_getstack(L, level, &ar); level++) {
+    int stop;
+    lua_getinfo(L, "ntf", &ar);
+    if (ar.namewhat && strcmp(ar.namewhat, "hook") == 0) {
+      lua_pop(L, 1);
+      return 1;
+    }
+    stop = single ? lua_topointer(L, -1) == fn
+                  : lua_tocfunction(L, -1) == run_hooks;
+    if (!stop && tail && lua_iscfunction(L, -1))
+      stop = library_function(L, st, -1);
+    tail = ar.istailcall;
+    lua_pop(L, 1);
+    if (stop) return 0;
+  }
+  return 0;
+}
+
+/* The message handler of every dispatch of kind, where the error was raised
+** (the stack is still there).  An error that is not the hook's own is
+** returned unchanged: a stack overflow or memory error (limit_message), an
+** error raised while a debug hook runs (in_debug_hook), or one that an
+** operation called by the hook raised again (ah_raise).  Anything else was
+** raised by the hook's own code: the error and a traceback go to stderr,
+** and the process exits with status 1.  Raises nothing (an error here
+** would be handled by this handler again). */
+static int hook_msgh(lua_State *L, int kind) {
+  ah_state *st;
+  const char *msg;
+  if (limit_error(L, 1, 0)) return 1;
+  lua_settop(L, 1);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &aux_key) != LUA_TTABLE) return 1;
+  lua_rawgeti(L, 2, AUX_STATE);
+  st = (ah_state *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (st == NULL) return 1;
+  if (st->reraised) {
+    int again;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &reraise_key);
+    again = lua_rawequal(L, 1, -1);
+    lua_pop(L, 1);
+    if (again) {
+      lua_settop(L, 1);
+      return 1;
+    }
+  }
+  if (in_debug_hook(L, st, 2, kind)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  msg = lua_tostring(L, 1);
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
       msg = lua_tostring(L, -1);
@@ -222,99 +349,166 @@ static int fatal_msgh(lua_State *L) {
                             luaL_typename(L, 1));
   }
   luaL_traceback(L, L, msg, 1);
-  return 1;
-}
-
-/* run_hooks(list, args...): call every function of list with args; runs
-** protected as a whole: one protected call per event, not per hook */
-static int run_hooks(lua_State *L) {
-  int nargs = lua_gettop(L) - 1, n = (int)lua_rawlen(L, 1), i, j;
-  luaL_checkstack(L, nargs + 1, "async_hooks dispatch");
-  for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, 1, i);
-    for (j = 2; j <= nargs + 1; j++) lua_pushvalue(L, j);
-    lua_call(L, nargs, 0);
-  }
+  fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
+          kind_names[kind], lua_tostring(L, -1));
+  fflush(stderr);
+  exit(1);
   return 0;
 }
 
-/* Dispatch the hooks of `kind`, in two halves so that nothing is moved on
-** the stack: dispatch_begin pushes the message handler and what to call (the
-** hook itself when the list has one function, the common case, else
-** run_hooks and the list) and returns the base; the caller pushes the
-** nargs arguments (pushes that neither allocate nor run code: nhooks[kind]
-** is the same in both halves); dispatch_end makes the one protected call.
-** An error in a hook is fatal.  Cannot fail otherwise once the caller
-** made room for nargs + 4 values (the end of the dispatch only swaps
-** prepared lists in): callers dispatch inside sections that must not fail.
-** A dispatch keeps the list it started with. */
-static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
-  int base = lua_gettop(L);
-  lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
-  if (ah_likely(st->nhooks[kind] == 1)) { /* [msgh hook] */
+/* one handler per kind: the dispatch pushes the one of its kind (no state
+** to keep per dispatch) */
+static int msgh_init(lua_State *L) { return hook_msgh(L, AH_INIT); }
+static int msgh_before(lua_State *L) { return hook_msgh(L, AH_BEFORE); }
+static int msgh_after(lua_State *L) { return hook_msgh(L, AH_AFTER); }
+static int msgh_destroy(lua_State *L) { return hook_msgh(L, AH_DESTROY); }
+static const lua_CFunction msghs[AH_NKINDS + 1] = {
+  NULL, msgh_init, msgh_before, msgh_after, msgh_destroy
+};
+
+/* run_hooks(st, handler, list, args...): call every function of list with
+** args, each in a protected call of its own with the dispatch's handler (a
+** hook's own error ends the process there), so that an error of one hook
+** keeps none of the others from the event.  The first error is raised
+** again at the end, passed through by the dispatch's handler
+** (st->reraised).  Only for a kind with several hooks: one is called by
+** the dispatch itself. */
+static int run_hooks(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, 1);
+  int nargs = lua_gettop(L) - 3, n = (int)lua_rawlen(L, 3), i, j, err = 0;
+  luaL_checkstack(L, nargs + 4, "async_hooks dispatch");
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, 3, i);
+    for (j = 4; j <= nargs + 3; j++) lua_pushvalue(L, j);
+    if (lua_pcall(L, nargs, 0, 2) != LUA_OK) {
+      if (err) lua_pop(L, 1); /* the first stays, above the handler */
+      err = 1;
+    }
+  }
+  if (!err) return 0;
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &reraise_key); /* the key exists */
+  st->reraised = 1;
+  st->dirty = 1; /* (cleared when the outermost dispatch ends) */
+  return lua_error(L);
+}
+
+/* the outermost dispatch ended and something was left for then: the hook
+** lists changed meanwhile (a swap that cannot fail), an error raised again
+** for a dispatch is no longer needed */
+static void outermost_end(lua_State *L, ah_state *st) {
+  commit(L, st);
+  if (st->reraised) {
+    st->reraised = 0;
+    lua_pushboolean(L, 0);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &reraise_key); /* the key exists */
+  }
+}
+
+/* Dispatch the hooks of `kind` in one protected call: the hook itself when
+** the list has one function, the common case, else run_hooks and the list;
+** the arguments are id and, for init (type_idx != 0), the type at
+** type_idx, the trigger and the resource at res_idx.  Returns 0, or 1 with
+** the error pushed (see core.h): the event reached every hook all the
+** same.  A hook's own error ends the process (hook_msgh).  Allocates
+** nothing and raises nothing once the caller made room for 8 values (12
+** for init; the end of the dispatch only swaps prepared lists in): callers
+** dispatch inside sections that must not fail.  A dispatch keeps the list
+** it started with. */
+static AH_ALWAYS_INLINE int dispatch(lua_State *L, ah_state *st, int kind,
+                                     lua_Integer id, int type_idx,
+                                     lua_Integer trigger, int res_idx) {
+  int base = lua_gettop(L), status, nargs = 1;
+  lua_pushcfunction(L, msghs[kind]); /* base + 1 */
+  if (ah_likely(st->nhooks[kind] == 1)) {
     lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
-  } else {                           /* [msgh run_hooks list] */
+  } else {
     lua_pushcfunction(L, run_hooks);
+    lua_pushlightuserdata(L, st);
+    lua_pushcfunction(L, msghs[kind]);
     lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
     lua_rawgeti(L, -1, kind);
     lua_replace(L, -2);
+    nargs = 4;
   }
-  return base;
+  lua_pushinteger(L, id);
+  if (type_idx) {
+    lua_pushvalue(L, type_idx);
+    lua_pushinteger(L, trigger);
+    lua_pushvalue(L, res_idx);
+    nargs += 3;
+  }
+  st->dispatching++;
+  status = lua_pcall(L, nargs, 0, base + 1);
+  if (ah_likely(status == LUA_OK))
+    lua_settop(L, base);
+  else
+    lua_remove(L, base + 1); /* the handler: [error] */
+  if (--st->dispatching == 0 && st->dirty) outermost_end(L, st);
+  return status != LUA_OK;
 }
 
-static void dispatch_end(lua_State *L, ah_state *st, int kind, int base,
-                         int nargs) {
-  st->dispatching++;
-  /* run_hooks gets the list as its first argument */
-  if (lua_pcall(L, nargs + (st->nhooks[kind] != 1), 0, base + 1) != LUA_OK) {
-    fprintf(stderr, "async_hooks: error in %s hook (fatal): %s\n",
-            kind_names[kind], lua_tostring(L, -1));
-    fflush(stderr);
-    exit(1);
+/* Raise the error on top that a dispatch returned, once the operation is
+** done.  Inside a hook, the dispatch that called it sees it as what it is
+** (hook_msgh: not the hook's own). */
+int ah_raise(lua_State *L) {
+  ah_state *st = ah_st(L);
+  if (st->dispatching) {
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &reraise_key); /* the key exists */
+    st->reraised = 1;
+    st->dirty = 1; /* cleared when the outermost dispatch ends */
   }
-  lua_settop(L, base); /* fatal_msgh */
-  if (--st->dispatching == 0 && st->dirty) commit(L, st);
+  return lua_error(L);
+}
+
+/* the value at idx is the error that ah_raise raised last inside a
+** dispatch (wrap positions it again: see coro.c) */
+int ah_reraised(lua_State *L, ah_state *st, int idx) {
+  int again;
+  if (!st->reraised) return 0;
+  idx = lua_absindex(L, idx);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &reraise_key);
+  again = lua_rawequal(L, idx, -1);
+  lua_pop(L, 1);
+  return again;
 }
 
 /* the same, for a caller that made room for 8 values and checked that
 ** hooks of the kind exist */
-void ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
-                         lua_Integer id) {
-  int base = dispatch_begin(L, st, kind);
-  lua_pushinteger(L, id);
-  dispatch_end(L, st, kind, base, 1);
+int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
+                        lua_Integer id) {
+  return dispatch(L, st, kind, id, 0, 0, 0);
 }
 
-void ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
-  if (!st->nhooks[kind]) return;
+int ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
+  if (!st->nhooks[kind]) return 0;
   luaL_checkstack(L, 8, "async_hooks dispatch");
-  ah_emit_id_reserved(L, st, kind, id);
+  return dispatch(L, st, kind, id, 0, 0, 0);
 }
 
 /* init with the type as a Lua string at type_idx (no re-interning) */
-void ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
-                    lua_Integer trigger, int res_idx) {
-  int base;
-  if (!st->nhooks[AH_INIT]) return;
+int ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
+                   lua_Integer trigger, int res_idx) {
+  if (!st->nhooks[AH_INIT]) return 0;
   res_idx = lua_absindex(L, res_idx);
   type_idx = lua_absindex(L, type_idx);
   luaL_checkstack(L, 12, "async_hooks dispatch");
-  base = dispatch_begin(L, st, AH_INIT);
-  lua_pushinteger(L, id);
-  lua_pushvalue(L, type_idx);
-  lua_pushinteger(L, trigger);
-  lua_pushvalue(L, res_idx);
-  dispatch_end(L, st, AH_INIT, base, 4);
+  return dispatch(L, st, AH_INIT, id, type_idx, trigger, res_idx);
 }
 
-void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
-                  lua_Integer trigger, int res_idx) {
-  if (!st->nhooks[AH_INIT]) return;
+int ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
+                 lua_Integer trigger, int res_idx) {
+  if (!st->nhooks[AH_INIT]) return 0;
   res_idx = lua_absindex(L, res_idx);
   luaL_checkstack(L, 12, "async_hooks dispatch");
   lua_pushstring(L, type); /* can fail: before the dispatch starts */
-  ah_emit_init_v(L, st, id, -1, trigger, res_idx);
+  if (ah_emit_init_v(L, st, id, -1, trigger, res_idx)) {
+    lua_remove(L, -2);
+    return 1;
+  }
   lua_pop(L, 1);
+  return 0;
 }
 
 /* --------------------------------------------------------------------- */
@@ -323,21 +517,33 @@ void ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
 /* ah_queue_destroy is in base.c (slots.c queues from a finalizer) */
 
 /* deliver queued destroys, in queue order, including those queued while
-** delivering; callers make sure no callback, resume or dispatch is active */
-void ah_flush(lua_State *L, ah_state *st) {
+** delivering; callers make sure no callback, resume or dispatch is active.
+** Returns 0, or 1 with the first error of their dispatches pushed (all are
+** delivered all the same).  Raises before anything changes (the stack,
+** the luv integration's Lua step). */
+int ah_flush_status(lua_State *L, ah_state *st) {
   size_t i;
+  int err = 0;
   /* never inside a finalizer (a user's __gc that ends a resource, runs a
   ** scope or a coroutine): the next flush point outside delivers them */
-  if (ah_unlikely(ah_in_finalizer(L))) return;
+  if (ah_unlikely(ah_in_finalizer(L))) return 0;
   luaL_checkstack(L, 16, "async_hooks"); /* the only steps that can fail */
   if (st->luv_pending) ah_luv_notify(L, st);
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;
-    ah_emit_id_reserved(L, st, AH_DESTROY, st->dq[i]); /* room: above */
+    /* room: above (one value more for an error) */
+    if (ah_unlikely(dispatch(L, st, AH_DESTROY, st->dq[i], 0, 0, 0)))
+      err = ah_keep_first(L, err, 1);
   }
   st->dq_n = 0;
   st->active--;
+  return err;
+}
+
+/* the same, raising the error once all are delivered */
+void ah_flush(lua_State *L, ah_state *st) {
+  if (ah_flush_status(L, st)) ah_raise(L);
 }
 
 static int l_flush(lua_State *L) {
@@ -375,18 +581,7 @@ static int l_emit_init(lua_State *L) {
   lua_Integer id = luaL_checkinteger(L, 1);
   const char *type = luaL_checkstring(L, 2);
   lua_Integer trigger = luaL_checkinteger(L, 3);
-  ah_emit_init(L, st, id, type, trigger, 4);
-  return 0;
-}
-
-/* emit_destroy(id): queue, and deliver now when nothing is active (a
-** scope of the resource open in a suspended coroutine is out: it stays
-** out, see scope.c's ah_scopes_slice) */
-static int l_emit_destroy(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer id = luaL_checkinteger(L, 1);
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
-  ah_flush_maybe(L, st);
+  if (ah_emit_init(L, st, id, type, trigger, 4)) return ah_raise(L);
   return 0;
 }
 
@@ -411,15 +606,37 @@ static int l_gc_token(lua_State *L) {
   return 1;
 }
 
-static int l_gc_token_cancel(lua_State *L) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
-  int ok = lua_getmetatable(L, 1);
+/* the GC token at idx, or NULL */
+static ah_gctok *gc_token_at(lua_State *L, int idx) {
+  ah_gctok *t = (ah_gctok *)lua_touserdata(L, idx);
+  int ok = t != NULL && lua_getmetatable(L, idx);
   if (ok) {
     lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
     ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
   }
-  luaL_argexpected(L, t && ok, 1, "gc token");
+  return ok ? t : NULL;
+}
+
+static int l_gc_token_cancel(lua_State *L) {
+  ah_gctok *t = gc_token_at(L, 1);
+  luaL_argexpected(L, t != NULL, 1, "gc token");
   t->done = 1;
+  return 0;
+}
+
+/* emit_destroy(id[, resource, token]): queue, and deliver now when nothing
+** is active (a scope of the resource open in a suspended coroutine is out:
+** it stays out, see scope.c's ah_scopes_slice).  The resource's GC token
+** is cancelled first: when a destroy hook's dispatch raises, the destroy
+** was delivered all the same, and the collection must not queue another */
+static int l_emit_destroy(lua_State *L) {
+  ah_state *st = ah_st(L);
+  lua_Integer id = luaL_checkinteger(L, 1);
+  ah_gctok *t = lua_isuserdata(L, 3) ? gc_token_at(L, 3) : NULL;
+  if (t) t->done = 1;
+  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
+  ah_flush_maybe(L, st);
   return 0;
 }
 
@@ -462,5 +679,11 @@ void ah_open_hooks(lua_State *L) {
   lua_pushliteral(L, "thread");
   lua_rawseti(L, AH_UV_AUX, AUX_KTHREAD);
   ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
+  /* the registry keys of the dispatch, made now: setting them later
+  ** allocates nothing */
+  lua_pushvalue(L, AH_UV_AUX);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &aux_key);
+  lua_pushboolean(L, 0);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &reraise_key);
   ah_add_funcs(L, hook_funcs);
 }

@@ -255,16 +255,22 @@ static void push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec) {
 }
 
 /* luv accepted the registration of r (at rec, 0: lost): its init (with
-** its resource when an init hook can see it) */
-static void registered(lua_State *L, ah_state *st, ah_rec *r, int rec,
-                       int handle_idx) {
+** its resource when an init hook can see it).  Returns 1 with an error of
+** the dispatch pushed: the registration's, raised once it is complete */
+static int registered(lua_State *L, ah_state *st, ah_rec *r,
+                                       int rec, int handle_idx) {
   if (st->nhooks[AH_INIT]) {
     luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
     push_type(L, handle_idx);
     push_init_resource(L, st, r, rec);
-    ah_emit_init_v(L, st, r->id, -2, r->trigger, -1);
+    if (ah_emit_init_v(L, st, r->id, -2, r->trigger, -1)) {
+      lua_replace(L, -3);
+      lua_pop(L, 1);
+      return 1;
+    }
     lua_pop(L, 2);
   }
+  return 0;
 }
 
 /* push a new record for the callback at pos, in the context of slot s
@@ -393,7 +399,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   }
   if ((r->flags & REC_DESTROY) && destroy) ah_queue_destroy(st, old);
   r->flags = (unsigned char)(destroy ? r->flags | REC_DESTROY : r->flags & ~REC_DESTROY);
-  if (st->nhooks[AH_INIT]) registered(L, st, r, rec, 1);
+  if (st->nhooks[AH_INIT] && registered(L, st, r, rec, 1)) return ah_raise(L);
   return nres;
 }
 
@@ -476,7 +482,15 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
       lua_getupvalue(L, pos, Q_RES);
     else /* an init hook that sees it was enabled meanwhile, or none */
       push_init_resource(L, st, NULL, pos);
-    ah_emit_init_v(L, st, id, -2, trigger, -1);
+    if (ah_emit_init_v(L, st, id, -2, trigger, -1)) { /* the call's error, */
+      lua_replace(L, -3);
+      lua_pop(L, 1);
+      if (sp->kind == W_HANDLE) { /* raised once the handle is marked */
+        lua_pushboolean(L, 1);
+        lua_setiuservalue(L, 1, 1);
+      }
+      return ah_raise(L);
+    }
     lua_pop(L, 2);
   }
   if (sp->kind == W_HANDLE && (!LUV_FAILED(L, nres) || kept(L, sp->lv, sp, 1))) {
@@ -522,7 +536,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
   if (sp->fn) lua_getupvalue(L, pos, AH_NUP + 1); else lua_pushvalue(L, pos);
   rec = lua_gettop(L);
   if (lua_touserdata(L, rec) != (void *)r) { /* luv moved its arguments */
-    registered(L, st, r, 0, 0);
+    if (registered(L, st, r, 0, 0)) return ah_raise(L);
     lua_pop(L, 1);
     return nres;
   }
@@ -541,7 +555,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
     if (reserved) /* a fresh handle: no allocation */
       slot_set(L, st, handle_idx, sp->slot, rec, reserved);
   }
-  registered(L, st, r, rec, handle_idx);
+  if (registered(L, st, r, rec, handle_idx)) return ah_raise(L);
   lua_pop(L, 1);
   return nres;
 }

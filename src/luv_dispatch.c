@@ -68,13 +68,31 @@ static void cb_pop(ah_state *st) {
     cb_shrink(st);
 }
 
-/* `after` for every record entered above depth (an error unwound them) */
-static void cb_unwind(lua_State *L, ah_state *st, size_t depth) {
+/* `after` for every record entered above depth (an error unwound them);
+** 1 with the first error of their dispatches pushed */
+static int cb_unwind(lua_State *L, ah_state *st, size_t depth) {
+  int err = 0;
   while (st->cb_n > depth) {
-    ah_emit_id(L, st, AH_AFTER, st->cb[st->cb_n - 1]);
+    err = ah_keep_first(L, err, ah_emit_id(L, st, AH_AFTER, st->cb[st->cb_n - 1]));
     cb_pop(st);
     st->active--;
   }
+  return err;
+}
+
+/* raises its last argument: what luv calls in a callback's place to
+** handle an error of the callback's hooks as the callback's own */
+static int raise_last(lua_State *L) {
+  return lua_error(L);
+}
+
+/* An error of a callback's hook dispatch (on top; not the hook's own) is
+** the callback's: luv handles it as it handles a callback's error (prints
+** it, and exits unless its flags say otherwise).  Pops it. */
+static AH_COLD void luv_report(lua_State *L, ah_luv *lv, int flags) {
+  lua_pushcfunction(L, raise_last);
+  lua_insert(L, -2);
+  lv->orig(L, 1, 0, flags);
 }
 
 /* ------------------------------------------------------------------- */
@@ -116,11 +134,15 @@ int ah_luv_rec_call(lua_State *L) {
   pov = st->ov.slot;
   if (pov == s) st->ov.slot = 0; /* in a coroutine's event (see core.h) */
   st->active++;
-  ah_emit_id(L, st, AH_BEFORE, id);
-  lua_getiuservalue(L, 1, RV_CB);
-  for (i = 2; i <= n; i++) lua_pushvalue(L, i);
-  status = lua_pcall(L, n - 1, 0, 0);
-  cb_unwind(L, st, st->cb_n - 1);
+  /* an error of the before dispatch is the callback's (which does not
+  ** run), raised once the context is restored */
+  status = ah_emit_id(L, st, AH_BEFORE, id);
+  if (ah_likely(!status)) {
+    lua_getiuservalue(L, 1, RV_CB);
+    for (i = 2; i <= n; i++) lua_pushvalue(L, i);
+    status = lua_pcall(L, n - 1, 0, 0) != LUA_OK;
+  }
+  status = ah_keep_first(L, status, cb_unwind(L, st, st->cb_n - 1));
   s = ah_slot_of(L, st);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
@@ -128,8 +150,8 @@ int ah_luv_rec_call(lua_State *L) {
   ah_set_frame(L, s, n + 2);
   if (pov == s) st->ov.slot = pov;
   if (oneshot && st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
-  ah_flush_maybe(L, st);
-  if (status != LUA_OK) return lua_error(L); /* the error object is on top */
+  if (ah_flush_due(st)) status = ah_keep_first(L, status, ah_flush_status(L, st));
+  if (status) return lua_error(L); /* the error object is on top */
   return 0;
 }
 
@@ -153,21 +175,21 @@ typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
 ** step (on_destroy_hooks' callback) runs protected through LV_FLUSH, a
 ** closure of the frame that runs the loop (RUN_LV); the rest allocates
-** nothing (destroy hook errors end the process; ah_flush's stack check
-** fits in what ah_luv_run reserved) */
+** nothing (ah_flush's stack check fits in what ah_luv_run reserved).
+** Returns 1 with the first error of the destroys' dispatches pushed. */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
-static AH_NOINLINE void flush_in_run(lua_State *L, ah_state *st) {
-  if (!st->luv_pending) {
-    ah_flush(L, st);
-    return;
-  }
+static AH_NOINLINE int flush_in_run(lua_State *L, ah_state *st) {
+  int err;
+  if (!st->luv_pending) return ah_flush_status(L, st);
   lua_getiuservalue(L, RUN_LV, LV_FLUSH);
-  if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory */
+  if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory: */
     lua_pop(L, 1);
     st->luv_pending = 0; /* the destroys without the Lua step, */
-    ah_flush_maybe(L, st);
+    err = ah_flush_status(L, st);
     st->luv_pending = 1; /* which is retried at the next flush */
+    return err;
   }
+  return ah_flush_status(L, st);
 }
 
 /* F[s] = the frame at idx, not anchored (dispatch_run holds it on the
@@ -192,7 +214,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   int oneshot, has_res;
   const void *rframe = NULL;
   struct ah_luv_cur pcur = lv->cur;
-  int switched = 0;
+  int switched = 0, err = 0;
   unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
     lua_rawgeti(L, AH_UV_R, s);
@@ -231,7 +253,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
   }
   if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
-  /* switch (hook errors end the process).  The frame entered is kept
+  /* switch.  The frame entered is kept
   ** alive by its stack slot (D_FRAME) for as long as the callback runs, so
   ** the switch writes F[s] only: the thread's anchor keeps the previous
   ** frame, and the leave restores F[s] alone when nothing else wrote it
@@ -269,7 +291,14 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     }
     st->active += 2; /* the callback, and its entry in st->cb */
     /* (room: ah_luv_run reserved it for this frame) */
-    if (ah_unlikely(st->nhooks[AH_BEFORE])) ah_emit_id_reserved(L, st, AH_BEFORE, id);
+    if (ah_unlikely(st->nhooks[AH_BEFORE]) &&
+        ah_unlikely(ah_emit_id_reserved(L, st, AH_BEFORE, id))) {
+      /* an error of the dispatch (not the hook's own) is the callback's:
+      ** luv calls raise_last with it in the callback's place */
+      lua_pushcfunction(L, raise_last);
+      lua_replace(L, base + D_NSAVED + 1);
+      nargs++;
+    }
   } else {
     lua_pushboolean(L, 0);
     if (had & A_FRAME) { /* the root context: the empty frame */
@@ -294,14 +323,15 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     st->active++;
   }
   ret = lv->orig(L, nargs, nresults, flags);
-  /* leave: after (also for the records an error unwound), restore */
+  /* leave: after (also for the records an error unwound), restore; an
+  ** error of these dispatches is handed to luv once all is restored */
   if (ah_unlikely(st->cb_n != depth + (r || q))) {
-    cb_unwind(L, st, depth);
+    err = cb_unwind(L, st, depth);
   } else if (r || q) {
     if (ah_unlikely(st->nhooks[AH_AFTER])) { /* (room: as for before, unless
                                              ** the callback left results) */
-      if (nresults == 0) ah_emit_id_reserved(L, st, AH_AFTER, id);
-      else ah_emit_id(L, st, AH_AFTER, id);
+      if (nresults == 0) err = ah_emit_id_reserved(L, st, AH_AFTER, id);
+      else err = ah_emit_id(L, st, AH_AFTER, id);
     }
     cb_pop(st);
     st->active--;
@@ -338,7 +368,8 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   }
   st->active--;
   if (ah_unlikely(st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
-    flush_in_run(L, st);
+    err = ah_keep_first(L, err, flush_in_run(L, st));
+  if (ah_unlikely(err)) luv_report(L, lv, flags);
   if (ah_likely(nresults == 0)) {
     lua_settop(L, base - 1);
   } else { /* [X pres pframe res results] -> [results] */
@@ -351,8 +382,10 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 /* The slow path's enter(X): save the current thread's context and enter
 ** the callback's: the record's (its before is emitted here), or else the
 ** root context.  Returns previous resource, frame, id, trigger, depth of
-** st->cb, and the function luv must call.  Everything that can fail comes
-** first: nothing has changed if it does. */
+** st->cb, the function luv must call, and nil, or else (the before
+** dispatch failed: the error is the callback's, which does not run)
+** raise_last and the error.  Everything that can fail comes first: nothing
+** has changed if it does. */
 #define E_LV lua_upvalueindex(AH_NUP + 1)
 static int luv_enter(lua_State *L) {
   ah_state *st = ah_st(L);
@@ -376,7 +409,7 @@ static int luv_enter(lua_State *L) {
     lua_getiuservalue(L, 1, RV_FRAME); /* 8 */
     lua_getiuservalue(L, 1, RV_CB);    /* 9 */
     if (!cb_push(st, r->id)) return luaL_error(L, "not enough memory");
-    /* switch (hook errors end the process) */
+    /* switch */
     st->active += 2;
     st->slots[s].id = r->id;
     st->slots[s].trigger = r->trigger;
@@ -388,7 +421,12 @@ static int luv_enter(lua_State *L) {
     ah_set_frame(L, s, 8);
     lua_replace(L, 7);
     lua_settop(L, 7);
-    ah_emit_id(L, st, AH_BEFORE, r->id);
+    if (ah_unlikely(ah_emit_id(L, st, AH_BEFORE, r->id))) {
+      lua_pushcfunction(L, raise_last);
+      lua_replace(L, 7);
+      return 7;
+    }
+    lua_pushnil(L);
   } else {
     lua_pushvalue(L, 1);
     lua_pushboolean(L, 0);
@@ -399,19 +437,22 @@ static int luv_enter(lua_State *L) {
     ah_set_resource(L, s, -2);
     ah_set_frame(L, s, -1);
     lua_pop(L, 2);
+    lua_pushnil(L); /* no error */
   }
-  return 6;
+  return 7;
 }
 
 /* leave(res, frame, id, trigger, depth, X): `after` for the callback's
 ** record and any that an error unwound, its destroy when one-shot,
-** restore, flush.  Allocates nothing (hook errors end the process). */
+** restore, flush.  Allocates nothing; the first error of the dispatches
+** is raised once all is done. */
 static int luv_leave(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
   ah_rec *r = ah_luv_record(L, lv, 6);
-  int s;
-  cb_unwind(L, st, (size_t)lua_tointeger(L, 5));
+  int s, err;
+  lua_settop(L, 6);
+  err = cb_unwind(L, st, (size_t)lua_tointeger(L, 5));
   if (r && (r->flags & REC_ONESHOT) && st->nhooks[AH_DESTROY])
     ah_queue_destroy(st, r->id);
   s = ah_slot_of(L, st);
@@ -424,13 +465,15 @@ static int luv_leave(lua_State *L) {
   }
   ah_set_frame(L, s, 2);
   st->active--;
-  ah_flush_maybe(L, st);
+  if (ah_flush_due(st)) err = ah_keep_first(L, err, ah_flush_status(L, st));
+  if (err) return lua_error(L);
   return 0;
 }
 
+/* the Lua step of a flush (flush_in_run delivers the destroys) */
 static int luv_flush(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_flush_maybe(L, st);
+  if (st->luv_pending) ah_luv_notify(L, st);
   return 0;
 }
 
@@ -447,9 +490,15 @@ static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
   }
   lua_getiuservalue(L, -1, LV_ENTER);
   lua_pushvalue(L, base);
-  if (lua_pcall(L, 1, 6, 0) != LUA_OK) { /* out of memory, nothing entered */
+  if (lua_pcall(L, 1, 7, 0) != LUA_OK) { /* out of memory, nothing entered */
     lua_settop(L, base + nargs);         /* luv calls the record, */
     return lv->orig(L, nargs, nresults, flags); /* whose __call copes */
+  }
+  if (ah_unlikely(!lua_isnil(L, -1))) { /* the before dispatch's error: */
+    lua_insert(L, base + nargs + 1); /* after the arguments of raise_last */
+    nargs++;
+  } else {
+    lua_pop(L, 1);
   }
   /* [X args lv res frame id trig depth fn] -> [fn args lv ... depth X] */
   lua_pushvalue(L, base);
@@ -460,7 +509,7 @@ static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
   top = lua_gettop(L);
   lua_getiuservalue(L, base, LV_LEAVE);
   for (int i = 1; i < NSAVED; i++) lua_pushvalue(L, base + i);
-  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  if (lua_pcall(L, NSAVED - 1, 0, 0) != LUA_OK) luv_report(L, lv, flags);
   lua_rotate(L, base, top - base - NSAVED + 1); /* results below our values */
   lua_settop(L, top - NSAVED);
   return ret;
@@ -503,7 +552,7 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   lua_pushinteger(L, ptrig);
   lua_pushinteger(L, (lua_Integer)depth);
   lua_pushnil(L);
-  if (lua_pcall(L, 6, 0, 0) != LUA_OK) lua_pop(L, 1); /* cannot happen */
+  if (lua_pcall(L, 6, 0, 0) != LUA_OK) luv_report(L, lv, flags);
   return ret;
 }
 

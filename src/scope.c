@@ -30,6 +30,8 @@ typedef struct ah_guard {
 /* guard user values */
 enum { G_PREV_RES = 1, G_PREV_FRAME, G_PREV_GUARD, G_RES, G_NUV = G_RES };
 
+static int close_guard(lua_State *L, ah_state *st, ah_guard *g, int gidx);
+
 static int l_enter_scope(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_Integer id = luaL_checkinteger(L, 1);
@@ -63,7 +65,7 @@ static int l_enter_scope(lua_State *L) {
     ah_set_guard(L, 5);
     st->slots[s].scopes++;
   }
-  /* nothing below can fail (hook errors end the process): switch */
+  /* nothing below can fail: switch */
   g->ov = st->ov.slot == s ? s : 0;
   if (g->ov) st->ov.slot = 0;
   st->slots[s].id = id;
@@ -71,14 +73,48 @@ static int l_enter_scope(lua_State *L) {
   ah_set_resource(L, s, 3);
   ah_set_frame(L, s, 4);
   if (g->on_main) st->active++;
-  ah_emit_id(L, st, AH_BEFORE, id);
+  if (ah_unlikely(ah_emit_id(L, st, AH_BEFORE, id))) {
+    /* an error of the dispatch (not the hook's own): the scope is left
+    ** again (its after, the previous context), then the error is the
+    ** entry's; fn does not run */
+    ah_keep_first(L, 1, close_guard(L, st, g, 5));
+    return ah_raise(L);
+  }
   return 1;
+}
+
+/* leave the scope of the guard g at gidx: its after, the previous context
+** back, on the main thread a flush point.  Returns 1 with the first error
+** of the dispatches pushed, once all that is done. */
+static int close_guard(lua_State *L, ah_state *st, ah_guard *g, int gidx) {
+  int s, err = 0;
+  g->closed = 1;
+  if (!g->out) err = ah_emit_id(L, st, AH_AFTER, g->id);
+  s = ah_slot_of(L, st);
+  st->slots[s].id = g->prev_id;
+  st->slots[s].trigger = g->prev_trigger;
+  if (g->on_main) st->active--;
+  lua_getiuservalue(L, gidx, G_PREV_RES);
+  ah_set_resource(L, s, -1);
+  lua_getiuservalue(L, gidx, G_PREV_FRAME);
+  ah_set_frame(L, s, -1);
+  lua_pop(L, 2);
+  if (g->ov) st->ov.slot = g->ov;
+  if (g->on_main) {
+    if (ah_flush_due(st)) err = ah_keep_first(L, err, ah_flush_status(L, st));
+  } else { /* unlink */
+    lua_getiuservalue(L, gidx, G_PREV_GUARD);
+    ah_set_guard(L, -1);
+    lua_pop(L, 1);
+    if (st->slots[s].scopes) st->slots[s].scopes--;
+  }
+  return err;
 }
 
 static int guard_close(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_guard *g;
-  int s, ok;
+  int ok;
   /* the metatable is reachable from Lua: check self is a guard */
   ok = lua_getmetatable(L, 1);
   if (ok) {
@@ -89,26 +125,8 @@ static int guard_close(lua_State *L) {
   if (!ok) return luaL_typeerror(L, 1, "async_hooks.scope");
   g = (ah_guard *)lua_touserdata(L, 1);
   if (g->closed) return 0;
-  g->closed = 1;
-  if (!g->out) ah_emit_id(L, st, AH_AFTER, g->id);
-  s = ah_slot_of(L, st);
-  st->slots[s].id = g->prev_id;
-  st->slots[s].trigger = g->prev_trigger;
-  if (g->on_main) st->active--;
-  lua_getiuservalue(L, 1, G_PREV_RES);
-  ah_set_resource(L, s, -1);
-  lua_getiuservalue(L, 1, G_PREV_FRAME);
-  ah_set_frame(L, s, -1);
-  lua_pop(L, 2);
-  if (g->ov) st->ov.slot = g->ov;
-  if (g->on_main) {
-    ah_flush_maybe(L, st);
-  } else { /* unlink */
-    lua_getiuservalue(L, 1, G_PREV_GUARD);
-    ah_set_guard(L, -1);
-    lua_pop(L, 1);
-    if (st->slots[s].scopes) st->slots[s].scopes--;
-  }
+  /* an error of a dispatch is the scope exit's, raised once it is left */
+  if (ah_unlikely(close_guard(L, st, g, 1))) return ah_raise(L);
   return 0;
 }
 
@@ -118,12 +136,12 @@ static int guard_close(lua_State *L) {
 ** only (no anchor write, nothing allocated): the thread's anchor keeps the
 ** previous one, and R[s] alone is restored unless something wrote a
 ** resource anchor meanwhile (counted in st->rgen: then in full). */
-void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
-                lua_Integer trigger, int res_idx) {
-  int s, had, pov;
+int ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
+               lua_Integer trigger, int res_idx) {
+  int s, had, pov, err;
   unsigned rgen;
   lua_Integer pid, ptrig;
-  if (!st->nhooks[kind]) return;
+  if (!st->nhooks[kind]) return 0;
   res_idx = lua_absindex(L, res_idx);
   luaL_checkstack(L, 12, "async_hooks"); /* also ah_emit_id's: nothing fails
                                          ** once the switch is made */
@@ -148,7 +166,8 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
   st->slots[s].trigger = trigger;
   pov = st->ov.slot;
   if (pov == s) st->ov.slot = 0; /* a coroutine's event is being emitted */
-  ah_emit_id(L, st, kind, id);
+  err = ah_emit_id(L, st, kind, id);
+  if (err) lua_insert(L, -2); /* [error previous] */
   st->ov.slot = pov;
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
@@ -160,6 +179,7 @@ void ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
     ah_set_resource(L, s, -1);
   }
   lua_pop(L, 1);
+  return err;
 }
 
 /* The coroutine at co_idx starts (AH_BEFORE) or ends (AH_AFTER) a resume
@@ -179,9 +199,10 @@ static int push_guards(lua_State *L, int thread_idx) {
   return n;
 }
 
-void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
-  int n, i, base = lua_gettop(L) + 1; /* innermost guard; outermost at
-                                       ** base + n - 1 */
+int ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
+  int n, i, err = 0, base = lua_gettop(L) + 2; /* innermost guard; outermost
+                                               ** at base + n - 1 */
+  lua_pushnil(L); /* base - 1: the first error of the dispatches */
   n = push_guards(L, co_idx);
   for (i = 0; i < n; i++) {
     int idx = kind == AH_BEFORE ? base + n - 1 - i : base + i;
@@ -202,10 +223,15 @@ void ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
       }
     }
     g->out = kind == AH_AFTER;
-    ah_emit_as(L, st, kind, g->id, g->trigger, -1);
+    if (ah_unlikely(ah_emit_as(L, st, kind, g->id, g->trigger, -1))) {
+      if (!err) lua_replace(L, base - 1); else lua_pop(L, 1);
+      err = 1;
+    }
     lua_pop(L, 1);
   }
   lua_settop(L, base - 1);
+  if (!err) lua_pop(L, 1);
+  return err;
 }
 
 static const luaL_Reg scope_funcs[] = {

@@ -47,7 +47,10 @@
 --    B.executionAsyncId(), B.triggerAsyncId(), B.executionAsyncResource()
 --    B.new_ids([trigger])      id, trigger of a new resource (trigger an integer
 --                              >= -1, already checked; nil: the current id)
---    B.emit_init(id, type, trigger, resource), B.emit_destroy(id)
+--    B.emit_init(id, type, trigger, resource)
+--    B.emit_destroy(id, resource, tok)
+--                              (tok: the resource's GC token or nil, cancelled
+--                              first: a destroy hook's error does not undo it)
 --    B.flush()                 deliver queued destroys now, unless a hook,
 --                              finalizer, callback, resume or scope is running
 --    B.gc_token(id), B.gc_token_cancel(tok)

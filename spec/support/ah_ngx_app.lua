@@ -824,4 +824,54 @@ function A.soak_stats()
   say { s(d:get("soak_requests")), s(d:get("soak_timers")), s(d:get("soak_bad") or 0) }
 end
 
+--- errors in a hook's dispatch that are not the hook's own (here: raised
+-- by a debug hook when the hook is called) surface from the operation, the
+-- worker goes on, the context is as it was
+function A.hook_errors()
+  local v = ah.AsyncLocal.new { default = "d" }
+  v:set("req")
+  local req_id = ah.executionAsyncId()
+  local calls = {}
+  local hooks = {}
+  for _, k in ipairs { "init", "before", "after", "destroy" } do
+    hooks[k] = function() calls[#calls + 1] = k end
+  end
+  local hook = ah.createHook(hooks):enable()
+  local function trap(fn)
+    local armed = true
+    debug.sethook(function()
+      if armed and debug.getinfo(2, "f").func == fn then
+        armed = false
+        error("trapped", 0)
+      end
+    end, "c")
+  end
+  local out = {}
+  local function try(f, ...)
+    local ok, e = pcall(f, ...)
+    out[#out + 1] = s(ok) .. ":" .. s(e)
+    debug.sethook()
+  end
+  local r = ah.AsyncResource.new("R", { requireManualDestroy = true })
+  local ran = false
+  trap(hooks.before)
+  try(r.runInAsyncScope, r, function() ran = true end)
+  out[#out + 1] = s(ran) .. " " .. v:get() .. " " .. s(ah.executionAsyncId() == req_id)
+  trap(hooks.init)
+  try(coroutine.create, function() end)
+  trap(hooks.init)
+  try(ah.AsyncResource.new, "X")
+  -- later work: the events in order
+  calls = {}
+  local co = coroutine.create(function() coroutine.yield(); return v:get() end)
+  coroutine.resume(co)
+  local _, got = coroutine.resume(co)
+  r:runInAsyncScope(function() end)
+  r:emitDestroy()
+  hook:disable()
+  out[#out + 1] = got .. " " .. table.concat(calls, ",")
+  out[#out + 1] = s(ngx.worker.pid())
+  say(out)
+end
+
 return A

@@ -260,11 +260,17 @@ local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
 local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d)
   n_init, n_before, n_after, n_destroy = i, b, a, d
 end)
+-- emit_before, emit_after, flush_pending and destroy_now return an error
+-- of the dispatch that is not the hook's own (failed, e): the caller
+-- finishes what it does, then raises it (raise)
 local emit_before, emit_after = H.emit_before, H.emit_after
-local flush_pending = H.flush_pending
+local flush_pending, destroy_now, raise = H.flush_pending, H.destroy_now, H.raise
 local tok_id = H.tok_id
 B.emit_init, B.emit_destroy = H.emit_init, H.emit_destroy
-B.flush = H.flush_pending
+B.flush = function()
+  local failed, e = flush_pending()
+  if failed then raise(e) end
+end
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
 B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
 
@@ -313,15 +319,21 @@ function abandoned(r, rec)
   local ph = phase_now(r)
   if ph == open.phase or NESTED[ph] or r ~= open.r then return end
   rawset(rec, OPEN, nil)
+  local failed, first = false, nil
   for i = open.n, 1, -1 do
     local sid = open[i]
-    if sid then emit_after(sid) end
+    if sid then
+      local f, e = emit_after(sid)
+      if f and not failed then failed, first = f, e end
+    end
   end
   rec[F] = open.f
   rawset(rec, ID, open.id)
   rawset(rec, TRIG, open.trig)
   rawset(rec, RES, open.res)
-  flush_pending()
+  local f, e = flush_pending()
+  if f and not failed then failed, first = f, e end
+  if failed then raise(first) end
 end
 
 -- a scope opens on `rec` (OPEN, at peek); `sid` its asyncId or false
@@ -378,7 +390,7 @@ function B.run_in_frame(frame, fn, ...)
 end
 
 local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
-  emit_after(id)
+  local failed, first = emit_after(id)
   close_scope(rec)
   local sc = rawget(rec, SCOPES)
   if sc ~= nil then
@@ -389,7 +401,9 @@ local function leave_scope(rec, id, sid, strig, sres, sframe, ok, ...)
   rawset(rec, TRIG, strig)
   rawset(rec, RES, sres)
   rec[F] = sframe
-  flush_pending()
+  local f, e = flush_pending()
+  if f and not failed then failed, first = f, e end
+  if failed then raise(first) end
   if ok then return ... end
   error((...), 0)
 end
@@ -412,7 +426,11 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
     sc.n = sc.n + 1
     sc[sc.n] = id
   end
-  emit_before(id)
+  local failed, e = emit_before(id)
+  if failed then -- fn does not run; the scope is left (its after), then e
+    leave_scope(rec, id, sid, strig, sres, sframe, true)
+    raise(e)
+  end
   return leave_scope(rec, id, sid, strig, sres, sframe, pcall(fn, ...))
 end
 
@@ -440,17 +458,21 @@ local function new_resource(parent, type_)
   local id = next_id
   next_id = id + 1
   local res, tok
+  -- (the token first: when init raises, the resource is destroyed once
+  -- collected, its init delivered)
+  if n_destroy > 0 then tok = B.gc_token(id) end
   if n_init > 0 then
     res = {}
     B.emit_init(id, type_, trigger, res)
   end
-  if n_destroy > 0 then tok = B.gc_token(id) end
   return id, trigger, res, tok
 end
 
--- the body of a thread returned: after, forget the record, destroy
-local function body_done(where, co, rec, ...)
-  emit_after(rec[ID])
+-- the body of a thread ended: after, forget the record, destroy; returns
+-- the first error of their dispatches (failed, e), after the one given
+local function body_end(where, co, rec, failed, first)
+  local f, e = emit_after(rec[ID])
+  if f and not failed then failed, first = f, e end
   if where[co] == rec then
     where[co] = nil
     if where ~= top_threads then where.n = where.n - 1 end
@@ -458,12 +480,22 @@ local function body_done(where, co, rec, ...)
   local tok = rec.tok
   if tok ~= nil then
     tok_id[tok] = nil
-    B.emit_destroy(rec[ID])
+    f, e = destroy_now(rec[ID])
+    if f and not failed then failed, first = f, e end
   end
+  return failed, first
+end
+
+-- the body of a thread returned
+local function body_done(where, co, rec, ...)
+  local failed, e = body_end(where, co, rec, false, nil)
+  if failed then raise(e) end
   return ...
 end
 
--- start the record of the running thread; returns it and where it lives
+-- start the record of the running thread; returns it, where it lives, and
+-- an error of the dispatches (failed, e: the body does not run, see
+-- body_failed)
 local function body_start(frame, id, trigger, res, tok)
   local co = co_running()
   local where = home()
@@ -471,9 +503,17 @@ local function body_start(frame, id, trigger, res, tok)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res, [CO] = co, tok = tok, own = id }
   if where ~= top_threads then where.n = where.n + 1 end
   where[co] = rec
-  flush_pending()
-  emit_before(id)
-  return where, co, rec
+  local failed, first = flush_pending()
+  local f, e = emit_before(id)
+  if f and not failed then failed, first = f, e end
+  return where, co, rec, failed, first
+end
+
+-- body_start failed: the thread ends with the error, its after and destroy
+-- delivered
+local function body_failed(where, co, rec, e)
+  local _, first = body_end(where, co, rec, true, e)
+  raise(first)
 end
 
 -- Whether f is a Lua function: ngx_lua's coroutine.create/wrap,
@@ -515,8 +555,9 @@ local std = { create = stdco.create, wrap = stdco.wrap, yield = stdco.yield }
 
 local function co_body(f, frame, id, trigger, res, tok)
   return function(...)
-    local where, co, rec = body_start(frame, id, trigger, res, tok)
+    local where, co, rec, failed, e = body_start(frame, id, trigger, res, tok)
     rec[COID] = id
+    if failed then body_failed(where, co, rec, e) end
     return body_done(where, co, rec, (f or false)(...))
   end
 end
@@ -527,12 +568,18 @@ end
 -- Scopes (runInAsyncScope) open in the coroutine get their `after` at the
 -- yield, innermost first, after which the coroutine's own; at the resume
 -- the coroutine's `before`, then theirs, outermost first (SPEC 3.1).
+-- An error of these dispatches is raised by yield (at the yield: before
+-- yielding; at the resume: once resumed), the coroutine's own code's.
 local function resumed(rec, ...)
-  emit_before(rec[COID])
+  local failed, first = emit_before(rec[COID])
   local sc = rec[SCOPES]
   if sc ~= nil then
-    for i = 1, sc.n do emit_before(sc[i]) end
+    for i = 1, sc.n do
+      local f, e = emit_before(sc[i])
+      if f and not failed then failed, first = f, e end
+    end
   end
+  if failed then raise(first) end
   return ...
 end
 
@@ -547,11 +594,17 @@ local function co_yield(...)
       rec = top_threads[co]
     end
     if rec and rec[COID] ~= nil then
+      local failed, first = false, nil
       local sc = rec[SCOPES]
       if sc ~= nil then
-        for i = sc.n, 1, -1 do emit_after(sc[i]) end
+        for i = sc.n, 1, -1 do
+          local f, e = emit_after(sc[i])
+          if f and not failed then failed, first = f, e end
+        end
       end
-      emit_after(rec[COID])
+      local f, e = emit_after(rec[COID])
+      if f and not failed then failed, first = f, e end
+      if failed then raise(first) end
       return resumed(rec, std.yield(...))
     end
   end
@@ -584,7 +637,8 @@ B.coroutine = {
 
 -- light threads
 local function thread_body(f, frame, id, trigger, res, tok, ...)
-  local where, co, rec = body_start(frame, id, trigger, res, tok)
+  local where, co, rec, failed, e = body_start(frame, id, trigger, res, tok)
+  if failed then body_failed(where, co, rec, e) end
   return body_done(where, co, rec, (f or false)(...))
 end
 
@@ -641,19 +695,40 @@ local function timer_rec(frame, id, trigger, res)
   return rec
 end
 
-local function timer_end(rec, last, tok, ...)
-  emit_after(rec[ID])
+-- after and destroy of a timer's run; returns the first error of their
+-- dispatches (failed, e), after the one given
+local function timer_stop(id, last, tok, failed, first)
+  local f, e = emit_after(id)
+  if f and not failed then failed, first = f, e end
   if last and tok ~= nil then
     tok_id[tok] = nil
-    B.emit_destroy(rec[ID])
+    f, e = destroy_now(id)
+    if f and not failed then failed, first = f, e end
   end
+  return failed, first
+end
+
+local function timer_end(rec, last, tok, ...)
+  local failed, e = timer_stop(rec[ID], last, tok, false, nil)
+  if failed then raise(e) end
   return ...
+end
+
+-- the start of a timer's run: an error of its dispatches is the
+-- callback's, which does not run then (its after and destroy follow)
+local function timer_start(id, last, tok)
+  local failed, first = flush_pending()
+  local f, e = emit_before(id)
+  if f and not failed then failed, first = f, e end
+  if failed then
+    local _, err = timer_stop(id, last, tok, true, first)
+    raise(err)
+  end
 end
 
 local function timer_cb(premature, once, f, frame, id, trigger, res, tok, ...)
   local rec = timer_rec(frame, id, trigger, res)
-  flush_pending()
-  emit_before(id)
+  timer_start(id, once or premature, tok)
   return timer_end(rec, once or premature, tok, (f or false)(premature, ...))
 end
 
@@ -669,14 +744,10 @@ end
 -- does not compile (ngx_lua ignores what a timer callback returns)
 local function timer_cb0(premature, once, f, frame, id, trigger, res, tok)
   timer_rec(frame, id, trigger, res)
-  flush_pending()
-  if n_before > 0 then emit_before(id) end
+  timer_start(id, once or premature, tok)
   call1(f, premature)
-  if n_after > 0 then emit_after(id) end
-  if tok ~= nil and (once or premature) then
-    tok_id[tok] = nil
-    B.emit_destroy(id)
-  end
+  local failed, e = timer_stop(id, once or premature, tok, false, nil)
+  if failed then raise(e) end
 end
 
 local function make_timer(real, once)

@@ -11,7 +11,8 @@
 -- @module async_hooks.backend.ngx_hooks
 
 local ngx = ngx
-local setmetatable, getmetatable, pairs, xpcall, tostring = setmetatable, getmetatable, pairs, xpcall, tostring
+local setmetatable, getmetatable, pairs, xpcall, tostring, type, error =
+  setmetatable, getmetatable, pairs, xpcall, tostring, type, error
 local debug = require("debug")
 local newproxy = newproxy
 
@@ -20,15 +21,76 @@ local M = {}
 local WEAKK = { __mode = "k" }
 local KINDS = { "init", "before", "after", "destroy" }
 
-local function fatal_handler(e)
-  return debug.traceback(tostring(e), 2)
+-- The messages Lua and LuaJIT raise at a limit, not for a program's error.
+local LIMITS = { ["C stack overflow"] = true, ["stack overflow"] = true,
+  ["not enough memory"] = true, ["error in error handling"] = true }
+
+--- Whether the error e is a limit's: a stack overflow ("C stack
+-- overflow", "stack overflow", "stack overflow (...)"), a memory error
+-- raised again as its message, "error in error handling", each maybe after
+-- positions ("chunk:line: ").
+function M.limit_message(e)
+  if type(e) ~= "string" then return false end
+  local s = e
+  while true do
+    if LIMITS[s] or (s:sub(1, 16) == "stack overflow (" and s:sub(-1) == ")") then return true end
+    local p = s:find(": ", 1, true)
+    if not p then return false end
+    s = s:sub(p + 2)
+  end
+end
+
+--- Whether the error being handled was raised while a debug hook ran: in a
+-- message handler (called where the error was raised), some function
+-- between the raise and the first function of `stop` (the hooks being
+-- dispatched; nil: the whole stack) was called by a debug hook (namewhat
+-- "hook"; LuaJIT does not say so for a hook called at a C function's
+-- call: then the thread's hook function itself).
+-- `level`: the raising function's level as the caller of this sees it.
+function M.in_debug_hook(level, stop)
+  local hookf = debug.gethook()
+  level = level + 1
+  while true do
+    local info = debug.getinfo(level, "nf")
+    if info == nil then return false end
+    if info.namewhat == "hook" or (hookf ~= nil and info.func == hookf) then return true end
+    if stop then
+      for i = 1, #stop do
+        if info.func == stop[i] then return false end
+      end
+    end
+    level = level + 1
+  end
 end
 
 local function fatal(kind, msg)
   local text = ("async_hooks: error in %s hook (fatal): %s\n"):format(kind, msg)
   io.stderr:write(text)
-  if ngx.log then ngx.log(ngx.ALERT, text) end
+  if ngx and ngx.log then ngx.log(ngx.ALERT, text) end
   os.exit(1)
+end
+
+-- the hooks being dispatched now and their kind (see dispatch), and the
+-- error a library operation that a hook called raised again (raise)
+local d_list, d_kind, reraised
+
+-- The message handler of every hook call: an error that is not the hook's
+-- own (a limit's, one raised while a debug hook ran, or one raised again
+-- by an operation the hook called) is returned as it is; anything else is
+-- the hook's own: fatal.
+local function handler(e)
+  if M.limit_message(e) or (reraised ~= nil and e == reraised) or M.in_debug_hook(2, d_list) then
+    return e
+  end
+  fatal(d_kind, debug.traceback(tostring(e), 2))
+end
+
+--- Raise e, an error that a dispatch returned, once the operation that
+-- dispatched is done; inside a hook, the dispatch that called it sees it
+-- as not the hook's own.
+function M.raise(e, dispatching)
+  if dispatching then reraised = e end
+  error(e, 0)
 end
 
 --- A new instance of the hook-event state.
@@ -73,29 +135,50 @@ function M.new(persist, on_counts)
   end
   rebuild()
 
-  local flush
+  local flush_all
 
+  -- Call every hook of the list.  A hook's own error ends the process
+  -- (handler); any other error is the first returned (failed, e) once the
+  -- event reached every hook of the list: the caller finishes what it does
+  -- and then raises it (raise).
   local function dispatch(kind, list, a, b, c, d)
+    local failed, first = false, nil
+    local pl, pk = d_list, d_kind
     dispatching = dispatching + 1
+    d_list, d_kind = list, kind
     for i = 1, #list do
-      local ok, e = xpcall(list[i], fatal_handler, a, b, c, d)
-      if not ok then fatal(kind, e) end
+      local ok, e = xpcall(list[i], handler, a, b, c, d)
+      if not ok and not failed then failed, first = true, e end
     end
+    d_list, d_kind = pl, pk
     dispatching = dispatching - 1
     if dispatching == 0 then
+      reraised = nil
       if dirty then rebuild() end
-      if dq_n > 0 or gqueue[1] ~= nil then flush() end
+      if dq_n > 0 or gqueue[1] ~= nil then
+        local f, e = flush_all()
+        if f and not failed then failed, first = f, e end
+      end
     end
+    return failed, first
   end
 
-  function flush()
-    if dispatching > 0 then return end
+  local function raise(e) M.raise(e, dispatching > 0) end
+
+  -- deliver the queued destroys; returns the first error of their
+  -- dispatches (all are delivered all the same)
+  function flush_all()
+    local failed, first = false, nil
+    if dispatching > 0 then return failed, first end
     while true do
       if dq_n > 0 then
         local q, n = dqueue, dq_n
         dqueue, dq_n = {}, 0
         for i = 1, n do
-          if n_destroy > 0 then dispatch("destroy", lists.destroy, q[i]) end
+          if n_destroy > 0 then
+            local f, e = dispatch("destroy", lists.destroy, q[i])
+            if f and not failed then failed, first = f, e end
+          end
         end
       elseif gqueue[1] ~= nil then
         local fresh = {}
@@ -103,14 +186,22 @@ function M.new(persist, on_counts)
         gqueue = fresh
         local i, id = 1, q[1]
         while id ~= nil do
-          if n_destroy > 0 then dispatch("destroy", lists.destroy, id) end
+          if n_destroy > 0 then
+            local f, e = dispatch("destroy", lists.destroy, id)
+            if f and not failed then failed, first = f, e end
+          end
           i = i + 1
           id = q[i]
         end
       else
-        return
+        return failed, first
       end
     end
+  end
+
+  local function flush()
+    local f, e = flush_all()
+    if f then raise(e) end
   end
 
   local function queue_destroy(id)
@@ -120,23 +211,41 @@ function M.new(persist, on_counts)
     end
   end
 
+  -- init raises an error of its dispatch (the resource exists all the
+  -- same); before, after and destroy_now return it (failed, e) for the
+  -- caller to raise once done
   local function emit_init(id, type_, trigger, resource)
-    if n_init > 0 then dispatch("init", lists.init, id, type_, trigger, resource) end
+    if n_init > 0 then
+      local f, e = dispatch("init", lists.init, id, type_, trigger, resource)
+      if f then raise(e) end
+    end
   end
 
   local function emit_before(id)
-    if n_before > 0 then dispatch("before", lists.before, id) end
+    if n_before > 0 then return dispatch("before", lists.before, id) end
+    return false
   end
 
   local function emit_after(id)
-    if n_after > 0 then dispatch("after", lists.after, id) end
+    if n_after > 0 then return dispatch("after", lists.after, id) end
+    return false
   end
 
-  local function emit_destroy(id)
+  local function destroy_now(id)
     if n_destroy > 0 then
       queue_destroy(id)
-      flush()
+      return flush_all()
     end
+    return false
+  end
+
+  -- (the resource's GC token, if given, is cancelled first: when a destroy
+  -- hook's dispatch raises, the destroy was delivered all the same)
+  local tok_id
+  local function emit_destroy(id, _, tok)
+    if tok ~= nil then tok_id[tok] = nil end
+    local f, e = destroy_now(id)
+    if f then raise(e) end
   end
 
   local function hook_count(kind)
@@ -169,7 +278,7 @@ function M.new(persist, on_counts)
 
   -- destroy on collection: a proxy whose finalizer queues the destroy (it is
   -- delivered at the next library call that dispatches, never inside __gc)
-  local tok_id = setmetatable({}, WEAKK)
+  tok_id = setmetatable({}, WEAKK)
   local TOKPROXY = newproxy(true)
   getmetatable(TOKPROXY).__gc = function(p)
     local id = tok_id[p]
@@ -190,14 +299,16 @@ function M.new(persist, on_counts)
   end
 
   -- destroys queued and not delivered yet: delivered now unless a hook is
-  -- running (then when it returns)
+  -- running (then when it returns); returns the first error (failed, e)
   local function flush_pending()
-    if dq_n > 0 or gqueue[1] ~= nil then flush() end
+    if dq_n > 0 or gqueue[1] ~= nil then return flush_all() end
+    return false
   end
 
   return {
     emit_init = emit_init, emit_before = emit_before, emit_after = emit_after,
-    emit_destroy = emit_destroy, flush = flush, flush_pending = flush_pending,
+    emit_destroy = emit_destroy, destroy_now = destroy_now, raise = raise,
+    flush = flush, flush_pending = flush_pending,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
     gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
   }
