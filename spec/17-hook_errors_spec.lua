@@ -220,6 +220,30 @@ describe("an error raised by a debug hook inside a hook's dispatch", function()
     ]], "false\ttrapped\ndead\nconsistent\n")
   end)
 
+  it("is raised by the resume and the close that adopt a thread the library did not create (init)", function()
+    -- (coroutine.create saved before install(): a thread made behind the
+    -- library's back)
+    local status, stdout, stderr = H.run_lua("local raw_create = coroutine.create\n" .. PRELUDE .. PCALL .. [[
+      local got = {}
+      local c = raw_create(function(...) got[#got + 1] = table.concat({ ... }, " "); coroutine.yield() end)
+      trap(hooks.init, "trapped")
+      try(coroutine.resume, c, "a", "b")
+      print(#got, coroutine.status(c), #log) -- it did not run; its init (trapped at the call) is not logged
+      assert(coroutine.resume(c, "a", "b")) -- adopted: a coroutine like any other
+      print(got[1], coroutine.status(c), log[1]:match("^before") ~= nil)
+      local d = raw_create(function() coroutine.yield() end)
+      trap(hooks.init, "trapped")
+      try(coroutine.close, d)
+      print(coroutine.status(d))
+      assert(coroutine.resume(c))
+      check()
+    ]])
+    assert.equal("", stderr)
+    assert.equal(0, status)
+    assert.equal("false\ttrapped\n0\tsuspended\t0\na b\tsuspended\ttrue\nfalse\ttrapped\ndead\nconsistent\n",
+      stdout)
+  end)
+
   it("reaches the other hooks of the list: the event is delivered, its after follows", function()
     completes(PCALL .. [[
       local got = {}

@@ -99,12 +99,18 @@ static int co_create(lua_State *L) {
 ** touches the library: no event is ever emitted for it.  Resumed or closed
 ** by the library, it becomes a coroutine like the library's own from then
 ** on: its init now (its trigger the resumer's id), then before/after and
-** destroy.  Allocations first (can fail: the thread stays silent). */
-static void adopt(lua_State *L, ah_state *st, int cs, int co_idx) {
-  int s = ah_slot_of(L, st);
+** destroy.  Allocations first (can fail: the thread stays silent).
+** Returns 1 with the error pushed when the init dispatch failed (not the
+** hook's own): the thread is adopted all the same (its init counts as
+** delivered). */
+static int adopt(lua_State *L, ah_state *st, int cs, int co_idx) {
+  int s = ah_slot_of(L, st), init, err = 0;
   lua_Integer trigger = st->slots[s].id;
   if (ah_hooks_on(st, AH_DESTROY)) ah_arm_anchors(L, st); /* its token */
-  if (ah_hooks_on(st, AH_INIT)) {
+  /* decided once: the steps below can run finalizers, which can enable or
+  ** disable hooks (ah_emit_init_v emits nothing if none is left) */
+  init = ah_hooks_on(st, AH_INIT);
+  if (init) {
     luaL_checkstack(L, 16, "async_hooks");
     lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
     if (st->init_res)
@@ -122,18 +128,22 @@ static void adopt(lua_State *L, ah_state *st, int cs, int co_idx) {
     st->slots[cs].pend_age = 0;
     st->npend++;
   }
-  if (ah_hooks_on(st, AH_INIT)) {
-    ah_emit_init_v(L, st, st->slots[cs].base_id, -2, trigger, -1);
-    lua_pop(L, 2);
+  if (init) {
+    err = ah_emit_init_v(L, st, st->slots[cs].base_id, -2, trigger, -1);
+    if (err) lua_replace(L, -3); /* [type resource error] -> [error] */
+    lua_pop(L, err ? 1 : 2);
   }
+  return err;
 }
 
 /* slot of the coroutine at co_idx (absolute), registering and adopting a
 ** thread created behind the library's back (see adopt) with the
 ** resumer's context; -1 for a coroutine that finished and gave its slot
-** back */
-static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
+** back.  *err: 1 with the error of the adoption's init pushed. */
+static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx,
+                   int *err) {
   int s, cs = ah_slot_find(L, st, co, co_idx);
+  *err = 0;
   if (ah_likely(cs < 0 || (cs > 0 && st->slots[cs].kind != AH_KFOREIGN)))
     return cs;
   if (cs == 0) {
@@ -142,7 +152,7 @@ static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx) {
     cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
     lua_pop(L, 1);
   }
-  adopt(L, st, cs, co_idx);
+  *err = adopt(L, st, cs, co_idx);
   return cs;
 }
 
@@ -285,13 +295,18 @@ static AH_COLD int not_resumed(lua_State *L, ah_state *st, lua_State *co,
 /* lcorolib's auxresume, plus hooks, for every case */
 static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
                                       lua_State *co, int co_idx, int narg) {
-  int status, nres, cs, hooks, runs;
+  int status, nres, cs, hooks, runs, err;
   if (ah_unlikely(!lua_checkstack(co, narg))) {
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
   }
   ah_rearm(L, st); /* a sentinel whose re-arming failed: destroys wait on it */
-  cs = co_slot(L, st, co, co_idx); /* co_idx: 1 or an upvalue: absolute */
+  cs = co_slot(L, st, co, co_idx, &err); /* co_idx: 1 or an upvalue: absolute */
+  if (ah_unlikely(err)) { /* its adoption's init failed: it does not run
+    ** (a C stack overflow is returned, as at a before: see not_resumed) */
+    if (ah_cstack_error(L, -1)) return -1;
+    return ah_raise(L);
+  }
   /* a coroutine that cannot run makes lua_resume build an error message,
   ** which can raise (out of memory): count only real resumes as active */
   status = lua_status(co);
@@ -299,7 +314,7 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
   hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
   if (hooks) {
     lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
-    int err = emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
+    err = emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
     int closed = st->slots[cs].L != co || st->slots[cs].base_id != id;
     if (ah_unlikely(err)) return not_resumed(L, st, co, co_idx, cs, closed, id, trigger);
     if (ah_unlikely(closed)) {
@@ -423,16 +438,20 @@ static int auxstatus(lua_State *L, lua_State *co) {
 static int co_close(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *co = getco(L);
-  int status = auxstatus(L, co), cs;
+  int status = auxstatus(L, co), cs, err;
   if (status != COS_DEAD && status != COS_YIELD)
     return luaL_error(L, "cannot close a %s coroutine", statname[status]);
-  cs = co_slot(L, st, co, 1);
+  cs = co_slot(L, st, co, 1, &err); /* err: raised once it is closed */
   st->active++;
   status = ah_closethread(co, L);
   st->active--;
   if (cs >= 0) {
     ended(st, cs);
     ah_release(L, st, cs);
+  }
+  if (ah_unlikely(err)) {
+    if (ah_flush_due(st)) ah_keep_first(L, 1, ah_flush_status(L, st));
+    return ah_raise(L);
   }
   ah_flush_maybe(L, st);
   if (status == LUA_OK) {
