@@ -143,6 +143,20 @@ describe("an error raised by a debug hook inside a hook's dispatch", function()
     ]], "false\ttrapped\nfalse\ttrapped\ntrue\t\n2\nconsistent\n")
   end)
 
+  it("is raised by a wrapped coroutine's call (after) once the coroutine that raised is closed", function()
+    -- as wrap does: the to-be-closed variables of a coroutine that raised
+    -- are closed before its call raises
+    completes(PCALL .. [[
+      local w = coroutine.wrap(function()
+        local x <close> = setmetatable({}, { __close = function() print("closed", ah.executionAsyncId() ~= 1) end })
+        error("its own", 0)
+      end)
+      trap(hooks.after, "trapped")
+      try(w)
+      check()
+    ]], "closed\ttrue\nfalse\ttrapped\nconsistent\n")
+  end)
+
   it("is raised by runInAsyncScope (before: fn does not run; after: once the scope is left)", function()
     completes(PCALL .. [[
       local r = ah.AsyncResource.new("R")

@@ -220,6 +220,9 @@ static void ended(ah_state *st, int cs) {
 #define SLICE_HOOKS(st) \
   ((st)->nhooks[AH_BEFORE] | (st)->nhooks[AH_AFTER] | (st)->nhooks[AH_DESTROY])
 
+/* a wrapped coroutine's thread: the upvalue of co_auxwrap (its co_idx) */
+#define AH_UV_CO lua_upvalueindex(AH_NUP + 1)
+
 /* move the nres results (or the error: nres < 0) of co to L */
 static int take_results(lua_State *L, lua_State *co, int status, int nres) {
   if (status == LUA_OK || status == LUA_YIELD) {
@@ -268,7 +271,14 @@ static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
   }
 done:
   if (ah_flush_due(st)) err = ah_keep_first(L, err, ah_flush_status(L, st));
-  if (ah_unlikely(err)) ah_raise(L);
+  if (ah_unlikely(err)) {
+    /* a wrapped coroutine that raised is closed (its to-be-closed
+    ** variables), as lcorolib's wrap does, before the error is raised */
+    if (co_idx == AH_UV_CO && status != LUA_OK && status != LUA_YIELD &&
+        lua_status(co) != LUA_OK && lua_status(co) != LUA_YIELD)
+      ah_closethread(co, L);
+    ah_raise(L);
+  }
   return nres;
 }
 
@@ -384,8 +394,6 @@ static int co_resume(lua_State *L) {
   lua_insert(L, -(r + 1));
   return r + 1;
 }
-
-#define AH_UV_CO lua_upvalueindex(AH_NUP + 1)
 
 static int co_auxwrap(lua_State *L) {
   ah_state *st = ah_st(L);
