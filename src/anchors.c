@@ -53,7 +53,7 @@ void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
       return;
     }
   }
-  lua_rawgeti(L, AH_UV_AUX, key);
+  ah_auxt(L, key);
   if (thread_idx)
     lua_pushvalue(L, thread_idx);
   else
@@ -66,7 +66,7 @@ void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
 /* push the guard chain head of a thread (thread_idx 0: the running one) */
 void ah_get_guard(lua_State *L, int thread_idx) {
   if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TG);
+  ah_auxt(L, AUX_TG);
   if (thread_idx)
     lua_pushvalue(L, thread_idx);
   else
@@ -87,7 +87,7 @@ void ah_set_guard(lua_State *L, int idx) {
 /* AUX_PEND[s] = nil, and flag (A_PEND, A_STALE) no longer counted (raw
 ** set of an existing array key: cannot fail) */
 static void drop_pend(lua_State *L, ah_state *st, int s, unsigned char flag) {
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  ah_auxt(L, AUX_PEND);
   lua_pushnil(L);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
@@ -102,7 +102,7 @@ void ah_unpend(lua_State *L, ah_state *st, int s) {
 
 /* AUX_PEND[s] = the value at idx (absolute) */
 static void pend_write(lua_State *L, int s, int idx) {
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  ah_auxt(L, AUX_PEND);
   lua_pushvalue(L, idx);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
@@ -139,7 +139,7 @@ static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
 
 /* AUX_PENDR[s] = the value at idx (absolute) */
 static void pendr_write(lua_State *L, int s, int idx) {
-  lua_rawgeti(L, AH_UV_AUX, AUX_PENDR);
+  ah_auxt(L, AUX_PENDR);
   lua_pushvalue(L, idx);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
@@ -281,7 +281,7 @@ void ah_set_resource(lua_State *L, int s, int idx) {
 void ah_anchor_frame(lua_State *L, ah_state *st, int s, int thread_idx,
                      int frame_idx) {
   (void)thread_idx;
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  ah_auxt(L, AUX_PEND);
   lua_pushvalue(L, frame_idx);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
@@ -308,7 +308,7 @@ void ah_reserve_anchor(lua_State *L, ah_state *st) {
   ah_arm_anchors(L, st);
   next = st->free_low >= 0 ? st->free_low : st->free_high;
   if (next > AH_INLINE) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+    ah_auxt(L, AUX_PEND);
     lua_pushboolean(L, 0);
     lua_rawseti(L, -2, next);
     lua_pop(L, 1);
@@ -326,8 +326,8 @@ void ah_rearm(lua_State *L, ah_state *st) {
 ** (allocates, can run finalizers: callers arm before anything changes) */
 void ah_arm_anchors(lua_State *L, ah_state *st) {
   if (st->armed) return;
-  lua_newuserdatauv(L, 0, 0);
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND_MT);
+  *(void **)lua_newuserdatauv(L, sizeof(void *), 0) = NULL; /* (AH_NULLOBJ) */
+  ah_auxt(L, AUX_PEND_MT);
   lua_setmetatable(L, -2);
   lua_pop(L, 1);
   st->armed = 1;
@@ -387,7 +387,7 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   if (!lua_checkstack(st->ov.co, 1)) luaL_error(L, "not enough memory");
   lua_pushthread(st->ov.co);
   lua_xmove(st->ov.co, L, 1);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+  ah_auxt(L, AUX_TR);
   lua_pushvalue(L, -2);
   if (lua_rawget(L, -2) != LUA_TTABLE) { /* nobody saw one: made now, and
     ** anchored by its thread, so that the rest of the event sees this one */

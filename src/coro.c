@@ -114,6 +114,7 @@ static void emit_own(lua_State *L, ah_state *st, int kind, int cs,
   ah_ov pov = st->ov;
   if (kind == AH_AFTER) /* (before: resume's own frame has LUA_MINSTACK) */
     luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
+  (void)AH_UV_AUX; /* the dispatch's table, checked before st->ov changes */
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
@@ -285,12 +286,18 @@ static int co_resume(lua_State *L) {
   return r + 1;
 }
 
-#define AH_UV_CO lua_upvalueindex(AH_NUP + 1)
+/* the coroutine of a wrap function: its upvalue 1, as in lcorolib (which
+** crashes when the debug library put something else there) */
+#define AH_UV_CO AH_UV_OWN
 
 static int co_auxwrap(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *co = lua_tothread(L, AH_UV_CO);
-  int r = auxresume(L, st, co, AH_UV_CO, lua_gettop(L));
+  int r;
+  if (ah_unlikely(co == NULL))
+    return luaL_error(L, "cannot resume a %s (upvalue 1 of a coroutine.wrap "
+                         "function)", luaL_typename(L, AH_UV_CO));
+  r = auxresume(L, st, co, AH_UV_CO, lua_gettop(L));
   if (r < 0) {
     int stat = lua_status(co);
     if (stat != LUA_OK && stat != LUA_YIELD) { /* error in the coroutine */
@@ -307,13 +314,15 @@ static int co_auxwrap(lua_State *L) {
   return r;
 }
 
+/* a closure over the new coroutine (its upvalue 1, as lcorolib's) and
+** the shared upvalues */
 static int co_wrap(lua_State *L) {
+  int i;
   luaL_checktype(L, 1, LUA_TFUNCTION); /* first: "got no value" stays */
   lua_settop(L, 1); /* as lcorolib's wrap: arguments after f are ignored */
-  co_create(L);
-  ah_push_shared(L);
-  lua_pushvalue(L, 2);
-  lua_pushcclosure(L, co_auxwrap, AH_NUP + 1);
+  co_create(L); /* 2 */
+  for (i = 2; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  lua_pushcclosure(L, co_auxwrap, AH_NUP);
   return 1;
 }
 

@@ -14,10 +14,11 @@
 #define AH_TOKEN_MAGIC 0x41484c54u
 
 typedef struct ah_token {
+  const void *null; /* (see core.h, AH_NULLOBJ) */
   unsigned int magic;
 } ah_token;
 
-static const char ah_nilv = 0;
+static const void *const ah_nilv = NULL; /* (see core.h, AH_NULLOBJ) */
 #define NILV ((void *)&ah_nilv)
 
 /* 1 with the token of the AsyncLocal at idx pushed, or 0 */
@@ -68,7 +69,7 @@ static int l_get(lua_State *L) {
   s = ah_slot_of(L, st);
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_auxt(L, AUX_EMPTY);
   }
   if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) bad_self(L);
   switch (lua_rawget(L, -2)) {
@@ -100,7 +101,7 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   const void *p;
   if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_auxt(L, AUX_EMPTY);
   }
   fr = lua_gettop(L);
   p = lua_topointer(L, fr);
@@ -141,7 +142,7 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   else
     lua_pushvalue(L, val);
   lua_rawset(L, nf);
-  lua_rawgeti(L, AH_UV_AUX, AUX_FRAME_MT);
+  ah_auxt(L, AUX_FRAME_MT);
   lua_setmetatable(L, nf);
   st->lastf = lua_topointer(L, nf); /* complete: remember it */
   st->lastn = n + !had;
@@ -250,7 +251,9 @@ static int l_current_frame(lua_State *L) {
 
 static int l_newtoken(lua_State *L) {
   ah_token *t = (ah_token *)lua_newuserdatauv(L, sizeof(ah_token), 0);
+  t->null = NULL;
   t->magic = AH_TOKEN_MAGIC;
+  ah_internal_mt(L, -1);
   return 1;
 }
 
@@ -264,7 +267,7 @@ static int closure_with(lua_State *L, lua_CFunction f, int n) {
   int i;
   lua_settop(L, n);
   luaL_checkstack(L, AH_NUP + n, NULL);
-  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  ah_push_shared(L);
   for (i = 1; i <= n; i++) lua_pushvalue(L, i);
   lua_pushcclosure(L, f, AH_NUP + n);
   return 1;

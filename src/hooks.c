@@ -41,7 +41,11 @@ static int sees_resource(lua_State *L) {
 static int l_prepare(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 2);
   int k, i, n, counts[AH_NKINDS + 1], init_res = 0;
-  lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
+  /* (a light C function: the debug library can call it with anything) */
+  if (lua_type(L, 1) != LUA_TTABLE || st == NULL ||
+      lua_rawlen(L, 2) != sizeof(ah_state) || st->self != st ||
+      lua_rawgeti(L, 1, AUX_ORDER) != LUA_TTABLE) /* 3 */
+    return luaL_error(L, "async_hooks: internal state damaged (hook list)");
   n = (int)lua_rawlen(L, 3);
   lua_createtable(L, 2 * AH_NKINDS, 0); /* 4 */
   for (k = 1; k <= AH_NKINDS; k++) {
@@ -78,15 +82,20 @@ static int l_prepare(lua_State *L) {
 ** next flush point (ah_flush) or enable/disable. */
 static void commit(lua_State *L, ah_state *st) {
   int k, had = st->nhooks[AH_DESTROY] != 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_NEXT);
-  lua_pushvalue(L, -1);
-  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  /* (aux or its lists damaged by the debug library: the counts alone) */
+  int aux = lua_type(L, AH_UVI_AUX) == LUA_TTABLE;
+  int ok = aux && lua_rawgeti(L, AH_UVI_AUX, AUX_NEXT) == LUA_TTABLE;
+  if (ok) {
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, AH_UVI_AUX, AUX_LISTS);
+  }
   for (k = 1; k <= AH_NKINDS; k++) {
     st->nhooks[k] = st->next_n[k];
+    if (!ok) continue;
     lua_rawgeti(L, -1, AH_NKINDS + k); /* in AUX's array part: no allocation */
-    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + k - 1);
+    lua_rawseti(L, AH_UVI_AUX, AUX_HOOK1 + k - 1);
   }
-  lua_pop(L, 1);
+  if (aux) lua_pop(L, 1);
   st->init_res = st->next_init_res;
   st->dirty = 0;
   st->watched = st->res_on || st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] ||
@@ -114,7 +123,7 @@ void ah_luv_notify(lua_State *L, ah_state *st) {
 static int changed(lua_State *L, ah_state *st) {
   lua_pushcfunction(L, l_prepare);
   lua_pushvalue(L, AH_UV_AUX);
-  lua_pushlightuserdata(L, st);
+  lua_pushvalue(L, AH_UV_STATE); /* (st, checked by the caller) */
   if (lua_pcall(L, 2, 0, 0) != LUA_OK) return 0;
   if (st->dispatching) {
     st->dirty = 1;
@@ -128,7 +137,7 @@ static int changed(lua_State *L, ah_state *st) {
 /* position of the hook at idx in AUX_ORDER (pushed on top), or 0 */
 static int find_hook(lua_State *L, int idx) {
   int i, n;
-  lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
+  ah_auxt(L, AUX_ORDER);
   n = (int)lua_rawlen(L, -1);
   for (i = 1; i <= n; i++) {
     lua_rawgeti(L, -1, i);
@@ -229,9 +238,13 @@ static int fatal_msgh(lua_State *L) {
 ** protected as a whole: one protected call per event, not per hook */
 static int run_hooks(lua_State *L) {
   int nargs = lua_gettop(L) - 1, n = (int)lua_rawlen(L, 1), i, j;
+  if (lua_type(L, 1) != LUA_TTABLE) return 0; /* (damaged: see dispatch_begin) */
   luaL_checkstack(L, nargs + 1, "async_hooks dispatch");
   for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, 1, i);
+    if (lua_rawgeti(L, 1, i) != LUA_TFUNCTION) { /* (damaged: see below) */
+      lua_pop(L, 1);
+      continue;
+    }
     for (j = 2; j <= nargs + 1; j++) lua_pushvalue(L, j);
     lua_call(L, nargs, 0);
   }
@@ -251,13 +264,24 @@ static int run_hooks(lua_State *L) {
 static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
   int base = lua_gettop(L);
   lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
+  /* The debug library can put anything in the aux table or take it away:
+  ** what is not a hook function or a list is run as run_hooks with
+  ** something that is not a list, which runs nothing (no error: a hook's
+  ** error ends the process) */
   if (ah_likely(st->nhooks[kind] == 1)) { /* [msgh hook] */
-    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
+    if (lua_type(L, AH_UVI_AUX) != LUA_TTABLE ||
+        lua_rawgeti(L, AH_UVI_AUX, AUX_HOOK1 + kind - 1) != LUA_TFUNCTION) {
+      lua_settop(L, base + 1);
+      lua_pushcfunction(L, run_hooks); /* [msgh run_hooks]: no list */
+    }
   } else {                           /* [msgh run_hooks list] */
     lua_pushcfunction(L, run_hooks);
-    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-    lua_rawgeti(L, -1, kind);
-    lua_replace(L, -2);
+    if (lua_type(L, AH_UVI_AUX) != LUA_TTABLE)
+      lua_pushnil(L);
+    else if (lua_rawgeti(L, AH_UVI_AUX, AUX_LISTS) == LUA_TTABLE) {
+      lua_rawgeti(L, -1, kind);
+      lua_replace(L, -2);
+    }
   }
   return base;
 }
@@ -391,10 +415,11 @@ static int l_emit_destroy(lua_State *L) {
 }
 
 static int gctok_gc(lua_State *L) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
-  if (!t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
+  /* (the metatable is reachable from Lua: only a token of this state) */
+  ah_gctok *t = (ah_gctok *)ah_testudata(L, 1, sizeof(ah_gctok), ah_st(L));
+  if (t && !t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
     ah_queue_destroy(t->st, t->id);
-  t->done = 1;
+  if (t) t->done = 1;
   return 0;
 }
 
@@ -406,19 +431,14 @@ static int l_gc_token(lua_State *L) {
   t->st = st;
   t->id = id;
   t->done = 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
+  ah_auxt(L, AUX_GCTOK_MT);
   lua_setmetatable(L, -2);
   return 1;
 }
 
 static int l_gc_token_cancel(lua_State *L) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
-  int ok = lua_getmetatable(L, 1);
-  if (ok) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
-    ok = lua_rawequal(L, -1, -2);
-  }
-  luaL_argexpected(L, t && ok, 1, "gc token");
+  ah_gctok *t = (ah_gctok *)ah_testudata(L, 1, sizeof(ah_gctok), ah_st(L));
+  luaL_argexpected(L, t != NULL, 1, "gc token");
   t->done = 1;
   return 0;
 }

@@ -35,15 +35,18 @@
 
 #include "luv.h"
 
-const char ah_luv_key = 0;
+const void *const ah_luv_key = NULL; /* (see core.h, AH_NULLOBJ) */
+
+ah_luv_pcall ah_luv_fallback = NULL;
 
 /* wrapper upvalues, after the shared ones */
 #define W_SPEC lua_upvalueindex(AH_NUP + 1)
 #define W_LV lua_upvalueindex(AH_NUP + 2)
 #define W_RECMT lua_upvalueindex(AH_NUP + 3) /* the records' metatable */
-#define W_SPECP lua_upvalueindex(AH_NUP + 4) /* the spec, as a light pointer:
-                                             ** the quickest to read */
-#define W_NUP (AH_NUP + 4)
+#define W_NUP (AH_NUP + 3)
+typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > AH_NUP + 2 &&
+                                RUN_NUP > Q_N + 2 ? 1 : -1];
+
 
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value                                      */
@@ -66,8 +69,7 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
   }
   if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
     lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
-    r = (ah_rec *)lua_touserdata(L, -1);
-    if (r->lv != lv) r = NULL;
+    r = ah_luv_record(L, lv, -1); /* (checked: reachable from Lua) */
     *closure = 1;
   } else {
     r = ah_luv_record(L, lv, -1);
@@ -220,15 +222,14 @@ static void push_type(lua_State *L, int handle_idx) {
 ** (run protected: a registration luv accepted cannot fail afterwards) */
 static int make_resource(lua_State *L) {
   ah_rec *r;
-  if (lua_tocfunction(L, 1) == ah_luv_q_fn) {
-    const ah_spec *sp;
-    lua_getupvalue(L, 1, Q_SPEC);
-    sp = (const ah_spec *)lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    r = ah_luv_q_record(L, sp->lv, 1); /* kept in its Q_RES from now on */
-  } else {
-    r = (ah_rec *)lua_touserdata(L, 1);
-  }
+  ah_luv *lv = ah_luv_push(L); /* (a light C function: the debug library
+                               ** can call it with anything) */
+  lua_settop(L, 1);
+  if (lua_tocfunction(L, 1) == ah_luv_q_fn)
+    r = ah_luv_q_record(L, lv, 1); /* kept in its Q_RES from now on */
+  else
+    r = lv ? ah_luv_record(L, lv, 1) : NULL;
+  if (r == NULL) return luaL_error(L, "async_hooks: not a luv record");
   if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, 1);
   lua_getiuservalue(L, 1, RV_RES);
   return 1;
@@ -284,6 +285,8 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   r->spec = sp;
   r->flags = (sp->kind == W_CLOSE || sp->kind == W_REQ) ? REC_ONESHOT : 0;
   if (st->nhooks[AH_DESTROY]) r->flags |= REC_DESTROY;
+  if (lua_type(L, W_RECMT) != LUA_TTABLE) /* (nothing changed yet) */
+    luaL_error(L, "async_hooks: internal state damaged (records' metatable)");
   lua_pushvalue(L, W_RECMT);
   lua_setmetatable(L, rec);
   lua_pushvalue(L, pos);
@@ -443,7 +446,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
   lua_pushinteger(L, id);              /* Q_ID */
   lua_pushinteger(L, trigger);         /* Q_TRIG */
-  lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
+  lua_pushvalue(L, W_SPEC);            /* Q_SPEC */
   if (ah_unlikely(res)) lua_pushvalue(L, n + 1); /* Q_RES: the resource, */
   else if (handle_idx) lua_pushvalue(L, handle_idx); /* else the handle */
   else lua_pushnil(L);
@@ -590,10 +593,24 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
 ** observe the registration and no tracked handle registration exists, it
 ** is luv's function and a few tests (a small frame of its own: the rest is
 ** in wrapped_tracked). */
+static AH_NOINLINE const ah_spec *check_spec(lua_State *L, ah_state *st) {
+  const ah_spec *sp = ah_luv_spec(L, st->lv, W_SPEC);
+  if (sp == NULL)
+    luaL_error(L, "async_hooks: internal state damaged (upvalue %d of a luv "
+                  "function)", AH_NUP + 1);
+  st->spec_ok = sp;
+  return sp;
+}
+
 static int wrapped(lua_State *L) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPECP);
-  ah_state *st = sp->lv->st;
-  int s = ah_slot_of(L, st), obs = observable(st, s);
+  ah_state *st = ah_st(L);
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
+  int s, obs;
+  /* the spec checked last is remembered (as the state is, see ah_st):
+  ** specs live as long as the state */
+  if (ah_unlikely(sp != st->spec_ok || sp == NULL)) sp = check_spec(L, st);
+  s = ah_slot_of(L, st);
+  obs = observable(st, s);
   if (ah_likely(!obs && !st->handles))
     return sp->orig(L); /* nothing to track, no tracked handle to end */
   /* no callback (a synchronous call, a close without one) and no tracked
@@ -626,7 +643,9 @@ static int l_luv_wrap(lua_State *L) {
   luv_state(L); /* 10 */
   lua_getiuservalue(L, 10, LV_SPECS); /* 11 */
   sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 12 */
+  sp->self = sp;
   sp->lv = (ah_luv *)lua_touserdata(L, 10);
+  ah_internal_mt(L, 12);
   sp->orig = f;
   sp->kind = (int)kind;
   sp->pos = (int)pos;
@@ -661,7 +680,6 @@ static int l_luv_wrap(lua_State *L) {
   lua_pushvalue(L, 12);
   lua_pushvalue(L, 10);
   lua_getiuservalue(L, 10, LV_RECMT);
-  lua_pushlightuserdata(L, sp); /* anchored in LV_SPECS, above */
   lua_pushcclosure(L, wrapped, W_NUP);
   return 1;
 }
@@ -675,11 +693,13 @@ static int l_luv_wrap_run(lua_State *L) {
   lua_settop(L, 1);
   lv = luv_state(L); /* 2 */
   lv->run = f;
+  luaL_checkstack(L, RUN_NUP, "async_hooks");
   ah_push_shared(L);
   lua_pushvalue(L, 2);
-  lua_pushlightuserdata(L, (void *)&ah_luv_key);
-  lua_pushlightuserdata(L, lv); /* anchored in the registry */
-  lua_pushcclosure(L, ah_luv_run, AH_NUP + 3);
+  lua_pushnil(L);
+  lua_pushnil(L);
+  lua_pushlightuserdata(L, (void *)&ah_luv_key); /* RUN_MARK, last */
+  lua_pushcclosure(L, ah_luv_run, RUN_NUP);
   return 1;
 }
 
@@ -688,16 +708,18 @@ static int l_luv_wrap_run(lua_State *L) {
 
 /* push the state's ah_luv, made the first time */
 static ah_luv *luv_state(lua_State *L) {
+  ah_state *st = ah_st(L);
   ah_luv *lv;
   int i;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
-    return (ah_luv *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
+  if ((lv = ah_luv_push(L)) != NULL) return lv;
+  lua_pop(L, 1); /* (nothing, or what the debug library put there) */
   luaL_checkstack(L, AH_NUP + 6, "async_hooks");
   lv = (ah_luv *)lua_newuserdatauv(L, sizeof(ah_luv), LV_NUV);
   memset(lv, 0, sizeof *lv);
-  lv->st = ah_st(L);
+  lv->self = lv;
+  lv->st = st;
   i = lua_gettop(L);
+  ah_internal_mt(L, i);
   ah_luv_closures(L, i);
   lua_createtable(L, 0, 2); /* records' metatable */
   lua_pushliteral(L, "async_hooks.luv_callback");
@@ -710,6 +732,7 @@ static ah_luv *luv_state(lua_State *L) {
   lua_setiuservalue(L, i, LV_SPECS);
   lua_pushvalue(L, i);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  st->lv = lv; /* complete, anchored */
   return lv;
 }
 
@@ -739,7 +762,8 @@ static int l_luv_attach(lua_State *L) {
   ah_luv *lv;
   ah_luv_ctx *ctx;
   lua_CFunction walk = lua_tocfunction(L, 1), is_closing = lua_tocfunction(L, 2);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA ||
+      lua_rawlen(L, -1) < sizeof(ah_luv_ctx))
     return luaL_error(L, "luv is not loaded in this Lua state");
   ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lv = luv_state(L);
@@ -748,6 +772,7 @@ static int l_luv_attach(lua_State *L) {
   if (ctx->cb_pcall == ah_luv_cb_pcall) return 0;
   lv->ctx = ctx;
   lv->orig = ctx->cb_pcall;
+  if (ah_load_ptr(ah_luv_fallback) == NULL) ah_store_ptr(ah_luv_fallback, lv->orig);
   ctx->cb_pcall = ah_luv_cb_pcall;
   warm_registry(L);
   return 0;
@@ -755,9 +780,7 @@ static int l_luv_attach(lua_State *L) {
 
 /* luv_detach(): give cb_pcall back */
 static int l_luv_detach(lua_State *L) {
-  ah_luv *lv;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
+  ah_luv *lv = ah_luv_push(L);
   if (lv && lv->ctx && lv->ctx->cb_pcall == ah_luv_cb_pcall) lv->ctx->cb_pcall = lv->orig;
   return 0;
 }
@@ -767,8 +790,7 @@ static int l_luv_detach(lua_State *L) {
 static int l_luv_flags(lua_State *L) {
   ah_luv *lv;
   int flags = (int)luaL_checkinteger(L, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
+  lv = ah_luv_push(L);
   luaL_argcheck(L, lv != NULL && lv->ctx != NULL, 1, "luv integration not attached");
   lv->flags = flags;
   return 0;
@@ -776,7 +798,8 @@ static int l_luv_flags(lua_State *L) {
 
 static int l_luv_attached(lua_State *L) {
   ah_luv_ctx *ctx = NULL;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") == LUA_TUSERDATA)
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") == LUA_TUSERDATA &&
+      lua_rawlen(L, -1) >= sizeof(ah_luv_ctx))
     ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lua_pushboolean(L, ctx && ctx->cb_pcall == ah_luv_cb_pcall);
   return 1;

@@ -46,7 +46,7 @@ static int grow(lua_State *L, ah_state *st) {
   }
   memcpy(n, st->slots, sizeof(ah_slot) * (size_t)ocap);
   memset(n + ocap, 0, sizeof(ah_slot) * (size_t)(ncap - ocap));
-  lua_rawseti(L, AH_UV_AUX, AUX_SLOTS); /* an array slot: no allocation */
+  ah_anchor_slots(L); /* no allocation */
   st->slots = n;
   st->heap_stale = 0;
   for (i = ncap - 1; i >= ocap; i--) push_free(st, i);
@@ -149,7 +149,7 @@ static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
       lua_rawset(L, AH_UV_T);
     }
     if (res) {
-      lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+      ah_auxt(L, AUX_TR);
       lua_pushvalue(L, -2);
       lua_pushnil(L);
       lua_rawset(L, -3);
@@ -173,9 +173,9 @@ void ah_release(lua_State *L, ah_state *st, int s) {
     ** executionAsyncResource() in that hook finds it (see ah_ov).  First,
     ** as it can fail (inside a hook: a hook's error) */
     luaL_checkstack(L, 4, "async_hooks");
-    lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+    ah_auxt(L, AUX_TR);
     lua_rawgeti(L, AH_UV_TH, s);
-    lua_rawgeti(L, AH_UV_AUX, AUX_PENDR);
+    ah_auxt(L, AUX_PENDR);
     lua_rawgeti(L, -1, s);
     lua_replace(L, -2);
     if (lua_type(L, -2) == LUA_TTHREAD) lua_rawset(L, -3); else lua_pop(L, 2);
@@ -191,7 +191,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   if (ah_likely(st->extra)) {
     ah_extra(sl->L) = AH_RELEASED;
   } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
-    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+    ah_auxt(L, AUX_TSLOT);
     if (lua_rawgeti(L, AH_UV_TH, s) == LUA_TTHREAD) {
       lua_pushboolean(L, 0);
       lua_rawset(L, -3);
@@ -218,16 +218,17 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   free_slot(st, s);
   if (ah_unlikely(st->heap_stale)) { /* the array shrank back: let it go */
     lua_pushnil(L);
-    lua_rawseti(L, AH_UV_AUX, AUX_SLOTS);
+    ah_anchor_slots(L);
     st->heap_stale = 0;
   }
 }
 
 /* __gc of a coroutine token: the coroutine is gone. */
 static int cotok_gc(lua_State *L) {
-  ah_cotok *tok = (ah_cotok *)lua_touserdata(L, 1);
-  ah_state *st = tok->st;
-  int s = tok->slot;
+  /* (the metatable is reachable from Lua: only a token of this state) */
+  ah_state *st = ah_st(L);
+  ah_cotok *tok = (ah_cotok *)ah_testudata(L, 1, sizeof(ah_cotok), st);
+  int s = tok ? tok->slot : -1;
   if (s < 0 || st->closed) return 0;
   tok->slot = -1;
   thread_gone(L, st, s);
@@ -344,7 +345,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
 void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx) {
   (void)st;
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   lua_pushboolean(L, 0);
   lua_rawset(L, -3);
@@ -365,7 +366,7 @@ void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx) {
 /* the AUX_TSLOT half of ah_bind_thread */
 void ah_bind_thread_table(lua_State *L, int s, int thread_idx) {
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   lua_pushinteger(L, s);
   lua_rawset(L, -3);
@@ -381,7 +382,7 @@ int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx) {
     if (st->extra) return cs == AH_RELEASED ? -1 : 0;
   }
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   switch (lua_rawget(L, -2)) {
     case LUA_TNUMBER: {
@@ -402,7 +403,7 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
   ah_cotok *tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
   tok->st = st;
   tok->slot = -1; /* until it is the slot's */
-  lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
+  ah_auxt(L, AUX_COTOK_MT);
   lua_setmetatable(L, -2);
   ah_aux_eph_set(L, AUX_TGC, thread_idx, -1);
   tok->slot = s;
@@ -424,7 +425,7 @@ static int pend_gc(lua_State *L) {
   ah_arm_anchors(L, st); /* first: a failure below leaves work for it (a
                          ** failure here, for the next ah_rearm) */
   lua_settop(L, 0);
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND); /* 1 */
+  ah_auxt(L, AUX_PEND); /* 1 */
   for (i = 1; i < st->cap && st->npend > 0; i++) {
     ah_slot *sl = &st->slots[i];
     int alive;
@@ -453,9 +454,9 @@ static int pend_gc(lua_State *L) {
     }
     if (sl->anchored & A_PENDR) {
       if (alive) {
-        lua_rawgeti(L, AH_UV_AUX, AUX_TR); /* 3 */
+        ah_auxt(L, AUX_TR); /* 3 */
         lua_pushvalue(L, 2);
-        lua_rawgeti(L, AH_UV_AUX, AUX_PENDR); /* 5 */
+        ah_auxt(L, AUX_PENDR); /* 5 */
         lua_rawgeti(L, 5, i);
         lua_replace(L, 5);
         lua_rawset(L, 3); /* can fail: the rest waits for the next cycle */
