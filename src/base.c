@@ -7,8 +7,10 @@
 
 #include "core.h"
 
-/* the state checked last (see ah_st) */
-ah_state *ah_known = NULL;
+/* The state checked last (see ah_st), or else the address of this very
+** variable: no userdata's block, nothing handed out as a light userdata,
+** so that nothing passes for it (NULL would: a value that is no userdata) */
+ah_state *ah_known = (ah_state *)(void *)&ah_known;
 
 /* ah_st's full check: AH_UV_STATE is a userdata of a state's size whose
 ** block points to itself (only this library's C code writes that); NULL
@@ -24,7 +26,8 @@ ah_state *ah_st_check(lua_State *L, int raise) {
   }
   /* the first state checked is remembered (the common case: one Lua state
   ** per process), a closed one never */
-  if (!st->closed && ah_load_ptr(ah_known) == NULL) ah_store_ptr(ah_known, st);
+  if (!st->closed && ah_load_ptr(ah_known) == (ah_state *)(void *)&ah_known)
+    ah_store_ptr(ah_known, st);
   return st;
 }
 
@@ -84,12 +87,13 @@ void ah_internal_mt(lua_State *L, int idx) {
 }
 
 /* the slot array (the userdata on top, or nil: popped) is kept alive by
-** AUX_SLOTS and by the state's user value, so that no one change of a
-** table frees it while the state points to it */
+** AUX_SLOTS and by the state's metatable (its [1]), so that no one change
+** of a table frees it while the state points to it */
 void ah_anchor_slots(lua_State *L) {
-  if (ah_st_try(L) != NULL) {
-    lua_pushvalue(L, -1);
-    lua_setiuservalue(L, AH_UV_STATE, 1);
+  if (ah_st_try(L) != NULL && lua_getmetatable(L, AH_UV_STATE)) {
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, 1); /* (made at creation: no allocation) */
+    lua_pop(L, 1);
   }
   lua_rawseti(L, AH_UV_AUX, AUX_SLOTS); /* an array slot: no allocation */
 }

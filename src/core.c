@@ -76,7 +76,9 @@ static int state_gc(lua_State *L) {
   /* (reachable from Lua: debug.getmetatable; only a state is one) */
   if (st == NULL || lua_rawlen(L, 1) != sizeof(ah_state) || st->self != st)
     return 0;
-  if (ah_load_ptr(ah_known) == st) ah_store_ptr(ah_known, NULL);
+  if (ah_load_ptr(ah_known) == st)
+    ah_store_ptr(ah_known, (ah_state *)(void *)&ah_known); /* (see base.c) */
+  ah_luv_forget(st);
   st->closed = 1;
   free(st->dq);
   st->dq = NULL;
@@ -88,13 +90,15 @@ static int state_gc(lua_State *L) {
   return 0;
 }
 
-/* push a zeroed ah_state userdata with its finalizer; its user value keeps
-** the slot array once it grew (ah_anchor_slots) */
+/* push a zeroed ah_state userdata with its finalizer; its metatable also
+** keeps the slot array once it grew (ah_anchor_slots) */
 static ah_state *new_state(lua_State *L) {
-  ah_state *st = (ah_state *)lua_newuserdatauv(L, sizeof(ah_state), 1);
+  ah_state *st = (ah_state *)lua_newuserdatauv(L, sizeof(ah_state), 0);
   memset(st, 0, sizeof *st);
   st->self = st;
-  lua_createtable(L, 0, 1);
+  lua_createtable(L, 1, 1);
+  lua_pushboolean(L, 0);
+  lua_rawseti(L, -2, 1); /* (see ah_anchor_slots) */
   lua_pushcfunction(L, state_gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);

@@ -182,7 +182,6 @@ typedef struct ah_state {
   ** scope.c); 0 if none is open */
   int (*own_resource)(lua_State *L, int thread_idx);
   struct ah_luv *lv;          /* the luv integration's state (luv.c), or NULL */
-  const void *spec_ok;        /* the luv spec checked last (luv.c) */
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 
@@ -192,22 +191,20 @@ typedef struct ah_state {
 ** remembered (ah_known), so that checking it costs a comparison: a value
 ** whose block is at that address is that very userdata (two live objects
 ** cannot share an address, and Lua code cannot make a light userdata of an
-** address the library never handed out as one).  Anything else is checked
-** in full by ah_st_slow (its size, its self pointer); raises if it is not
-** a state. */
+** address the library never handed out as one; ah_known is never NULL:
+** see base.c).  Anything else is checked in full by ah_st_check (its size,
+** its self pointer); raises if it is not a state. */
 extern ah_state *ah_known;
 ah_state *ah_st_check(lua_State *L, int raise);
 static inline ah_state *ah_st(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
-  if (ah_likely(st == ah_load_ptr(ah_known) && st != NULL && st->self == st))
-    return st;
+  if (ah_likely(st == ah_load_ptr(ah_known))) return st;
   return ah_st_check(L, 1);
 }
 /* the same without raising: NULL when AH_UV_STATE is not a state */
 static inline ah_state *ah_st_try(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
-  if (ah_likely(st == ah_load_ptr(ah_known) && st != NULL && st->self == st))
-    return st;
+  if (ah_likely(st == ah_load_ptr(ah_known))) return st;
   return ah_st_check(L, 0);
 }
 
@@ -342,6 +339,7 @@ void ah_open_coro(lua_State *L);
 
 /* luv.c, luv_dispatch.c */
 int ah_luv_resource(lua_State *L, ah_state *st, int s);
+void ah_luv_forget(ah_state *st);
 void ah_open_luv(lua_State *L);
 
 #endif

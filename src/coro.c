@@ -44,7 +44,8 @@ static int co_create(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *NL;
   int s, top;
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (ah_unlikely(lua_type(L, 1) != LUA_TFUNCTION)) /* (its error, but */
+    luaL_checktype(L, 1, LUA_TFUNCTION);            /* no call to get there) */
   NL = lua_newthread(L);
   lua_pushvalue(L, 1);
   lua_xmove(L, NL, 1);
@@ -54,7 +55,10 @@ static int co_create(lua_State *L) {
     int ns, framed;
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
-    lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
+    /* F and TH are checked here, before any change (lua_geti raises
+    ** unless F can be indexed), and used unchecked below */
+    lua_geti(L, AH_UVI_F, s); /* top + 1: the creator's frame */
+    (void)AH_UV_TH;
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
     if (framed) ah_reserve_anchor(L, st); /* can fail: before any change */
     /* checked after the steps that allocate: their finalizers can take the
@@ -71,12 +75,12 @@ static int co_create(lua_State *L) {
     else
       ah_bind_thread_table(L, ns, top);
     lua_pushvalue(L, top);
-    lua_rawseti(L, AH_UV_TH, ns);
+    lua_rawseti(L, AH_UVI_TH, ns);
     if (framed)
       ah_anchor_frame(L, st, ns, top, top + 1);
     else if (ah_unlikely(st->slots[ns].anchored & A_STALE))
       ah_drop_stale(L, st, ns);
-    lua_rawseti(L, AH_UV_F, ns);
+    lua_rawseti(L, AH_UVI_F, ns);
     st->fgen++; /* frame writes are counted (see luv.c's rearm) */
     return 1;
   }

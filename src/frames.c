@@ -67,7 +67,9 @@ static int l_get(lua_State *L) {
   int s;
   if (lua_type(L, 1) != LUA_TTABLE) bad_self(L);
   s = ah_slot_of(L, st);
-  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+  /* (lua_geti: an F that the debug library replaced raises, and costs
+  ** no check when it is a table) */
+  if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
     ah_auxt(L, AUX_EMPTY);
   }
@@ -99,7 +101,8 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                            int val) {
   int fr, nf, n = 0, had;
   const void *p;
-  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+  if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM (geti:
+                                                 ** see l_get) */
     lua_pop(L, 1);
     ah_auxt(L, AUX_EMPTY);
   }
@@ -142,7 +145,8 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   else
     lua_pushvalue(L, val);
   lua_rawset(L, nf);
-  ah_auxt(L, AUX_FRAME_MT);
+  if (lua_geti(L, AH_UVI_AUX, AUX_FRAME_MT) != LUA_TTABLE) /* (geti: see */
+    luaL_error(L, "async_hooks: internal state damaged (frame metatable)"); /* l_get) */
   lua_setmetatable(L, nf);
   st->lastf = lua_topointer(L, nf); /* complete: remember it */
   st->lastn = n + !had;

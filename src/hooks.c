@@ -261,7 +261,7 @@ static int run_hooks(lua_State *L) {
 ** made room for nargs + 4 values (the end of the dispatch only swaps
 ** prepared lists in): callers dispatch inside sections that must not fail.
 ** A dispatch keeps the list it started with. */
-static int dispatch_begin(lua_State *L, ah_state *st, int kind) {
+static AH_ALWAYS_INLINE int dispatch_begin(lua_State *L, ah_state *st, int kind) {
   int base = lua_gettop(L);
   lua_pushcfunction(L, fatal_msgh);  /* base + 1 */
   /* The debug library can put anything in the aux table or take it away:

@@ -69,7 +69,10 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
   }
   if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
     lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
-    r = ah_luv_record(L, lv, -1); /* (checked: reachable from Lua) */
+    /* (checked: reachable from Lua; the record whose callback runs inline,
+    ** a re-arm from inside it, was checked by the dispatch) */
+    r = (ah_rec *)lua_touserdata(L, -1);
+    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
     *closure = 1;
   } else {
     r = ah_luv_record(L, lv, -1);
@@ -366,7 +369,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_setiuservalue(L, rec, RV_CB);
   /* the frame: the one kept when no F[] was written since it was read */
   if (r->fgen != st->fgen || (int)r->fslot != s || s >= AH_FSLOT_MAX) {
-    lua_rawgeti(L, AH_UV_F, s);
+    lua_geti(L, AH_UVI_F, s); /* (raises unless F can be indexed) */
     if (lua_topointer(L, -1) != r->frame) {
       r->frame = lua_topointer(L, -1);
       lua_setiuservalue(L, rec, RV_FRAME);
@@ -593,22 +596,51 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
 ** observe the registration and no tracked handle registration exists, it
 ** is luv's function and a few tests (a small frame of its own: the rest is
 ** in wrapped_tracked). */
-static AH_NOINLINE const ah_spec *check_spec(lua_State *L, ah_state *st) {
+/* The specs checked last, by the address of their block (see ah_st in
+** core.h for why a value whose block is at the address of a spec checked
+** before is that spec): a small cache, a few per Lua state in use, which
+** ah_luv_forget empties of a state's specs when the state is closed */
+#define AH_SPECS_KNOWN 16
+static const ah_spec *specs_known[AH_SPECS_KNOWN];
+/* one of them, else the address of this very variable (no userdata's
+** block: nothing passes for it, see ah_known in base.c) */
+#define SPEC_NONE ((const ah_spec *)(const void *)&spec_last)
+static const ah_spec *spec_last = SPEC_NONE;
+#define SPEC_HASH(p) ((unsigned)(((uintptr_t)(p) >> 4) * 2654435761u) >> 28)
+typedef char ah_specs_known_size[AH_SPECS_KNOWN == 16 ? 1 : -1];
+
+static AH_NOINLINE const ah_spec *check_spec(lua_State *L) {
+  ah_state *st = ah_st(L);
   const ah_spec *sp = ah_luv_spec(L, st->lv, W_SPEC);
   if (sp == NULL)
     luaL_error(L, "async_hooks: internal state damaged (upvalue %d of a luv "
                   "function)", AH_NUP + 1);
-  st->spec_ok = sp;
+  if (!st->closed) ah_store_ptr(specs_known[SPEC_HASH(sp)], sp);
   return sp;
 }
 
+/* the state st is closed: its specs leave the cache (they are freed once
+** every finalizer has run) */
+void ah_luv_forget(ah_state *st) {
+  int i;
+  for (i = 0; i < AH_SPECS_KNOWN; i++) {
+    const ah_spec *sp = ah_load_ptr(specs_known[i]);
+    if (sp && sp->lv->st == st) ah_store_ptr(specs_known[i], NULL);
+  }
+  ah_store_ptr(spec_last, SPEC_NONE);
+}
+
 static int wrapped(lua_State *L) {
-  ah_state *st = ah_st(L);
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
+  ah_state *st;
   int s, obs;
-  /* the spec checked last is remembered (as the state is, see ah_st):
-  ** specs live as long as the state */
-  if (ah_unlikely(sp != st->spec_ok || sp == NULL)) sp = check_spec(L, st);
+  /* (the one checked last first: a chain calls the same function) */
+  if (ah_unlikely(sp != ah_load_ptr(spec_last))) {
+    if (sp == NULL || sp != ah_load_ptr(specs_known[SPEC_HASH(sp)]))
+      sp = check_spec(L);
+    ah_store_ptr(spec_last, sp);
+  }
+  st = sp->lv->st;
   s = ah_slot_of(L, st);
   obs = observable(st, s);
   if (ah_likely(!obs && !st->handles))
@@ -696,7 +728,7 @@ static int l_luv_wrap_run(lua_State *L) {
   luaL_checkstack(L, RUN_NUP, "async_hooks");
   ah_push_shared(L);
   lua_pushvalue(L, 2);
-  lua_pushnil(L);
+  lua_pushlightuserdata(L, lv); /* RUN_LVP */
   lua_pushnil(L);
   lua_pushlightuserdata(L, (void *)&ah_luv_key); /* RUN_MARK, last */
   lua_pushcclosure(L, ah_luv_run, RUN_NUP);

@@ -18,6 +18,8 @@ typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
 
 /* registry[&ah_luv_key]: one per Lua state, never collected before it */
 typedef struct ah_luv {
+  const void *null;   /* NULL: it is handed out as a light userdata too
+                      ** (RUN_LVP; see core.h, AH_NULLOBJ) */
   const void *self;   /* this very struct (ah_luv_push checks it) */
   ah_luv_ctx *ctx;    /* NULL until attached */
   ah_luv_pcall orig;  /* luv's own cb_pcall */
@@ -132,6 +134,9 @@ enum {
 ** none can hold the mark where it is looked for, whatever the debug
 ** library put in its upvalues. */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
+#define RUN_LVP lua_upvalueindex(AH_NUP + 2) /* RUN_LV as a light pointer (the
+                                             ** quickest to read: checked by
+                                             ** ah_luv_run, used by cb_pcall) */
 #define RUN_NUP (AH_NUP + 4)
 #define RUN_MARK_N RUN_NUP
 #define RUN_MARK lua_upvalueindex(RUN_MARK_N)
@@ -148,6 +153,13 @@ static inline lua_Integer ah_luv_q_ids(lua_State *L, int idx, lua_Integer *trigg
   return id;
 }
 
+
+/* the userdata at idx if it is a record of lv (ah_luv_record without the
+** record closures), for the dispatch's hot paths */
+static inline ah_rec *ah_luv_rec_at(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r = (ah_rec *)lua_touserdata(L, idx);
+  return r && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
+}
 
 /* luv_dispatch.c */
 int ah_luv_rec_call(lua_State *L);

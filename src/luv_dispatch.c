@@ -262,6 +262,11 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
         st->slots[s].anchored |= A_FRAME;
       else
         st->slots[s].anchored &= ~A_FRAME;
+      if (r) { /* F[s] is its frame now: a re-arm from its callback finds
+               ** it there without reading F (luv.c's rearm) */
+        r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+        r->fgen = st->fgen;
+      }
       switched = 1;
     }
     fgen = st->fgen; /* before the before hook, which may write a frame */
@@ -583,9 +588,8 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
   int base, known, in_run, q;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
-    st = ah_st_try(L);
-    lv = st ? st->lv : NULL;
-    in_run = lv != NULL && lua_touserdata(L, RUN_LV) == lv;
+    lv = (ah_luv *)lua_touserdata(L, RUN_LVP); /* (checked by ah_luv_run) */
+    st = lv->st;
   }
   if (!in_run) {
     lv = ah_luv_push(L);
@@ -625,7 +629,7 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
       /* a re-armed slot's closure (luv.c's rearm makes them, always with
       ** a record of this state): luv runs the record from here on */
       lua_getupvalue(L, fi, 1);
-      if ((r = ah_luv_record(L, lv, -1)) != NULL) lua_replace(L, fi);
+      if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) lua_replace(L, fi);
       else lua_pop(L, 1);
     } else if (f == ah_luv_q_fn) {
       q = 1; /* a quick record (luv.h) */
@@ -659,10 +663,10 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
 ** handle's record, a plain callback in the root context), and the rest
 ** through cb_pcall_full, which checks everything again. */
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
-  ah_state *st;
-  ah_luv *lv;
-  if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key &&
-                (st = ah_st_try(L)) != NULL && (lv = st->lv) != NULL)) {
+  if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key)) {
+    /* the frame of the library's uv.run, which checked RUN_LVP */
+    ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
+    ah_state *st = lv->st;
     uintptr_t s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
     if (ah_likely(!st->ov.slot && s < (uintptr_t)st->cap && st->slots[s].L == L)) {
       int a = st->slots[s].anchored;
@@ -685,7 +689,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
             ** step of a re-armed timer chain, 3447 against 3438) */
             ah_rec *r;
             lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? 1 : AH_NUP + 1);
-            if ((r = ah_luv_record(L, lv, -1)) != NULL) {
+            if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {
               lua_replace(L, base); /* the record, as cb_pcall_full reads it */
               if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
                 return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
@@ -720,7 +724,7 @@ int ah_luv_run(lua_State *L) {
   /* the dispatch uses this frame's upvalues unchecked (it must not raise):
   ** they are checked here, before the loop runs */
   if (lv == NULL || lua_touserdata(L, RUN_LV) != lv || lv->run == NULL ||
-      !ah_tables_ok(L, AH_TALL))
+      lua_touserdata(L, RUN_LVP) != lv || !ah_tables_ok(L, AH_TALL))
     return luaL_error(L, "async_hooks: internal state damaged (uv.run)");
   /* room for what dispatch_run pushes: luv pushes each callback and its
   ** arguments inside this very frame (a C call, not a Lua call), whose

@@ -19,8 +19,8 @@
 ah_luv *ah_luv_push(lua_State *L) {
   ah_luv *lv;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)ah_testself(L, -1, sizeof(ah_luv));
-  return lv;
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  return lv && lua_rawlen(L, -1) == sizeof(ah_luv) && lv->self == lv ? lv : NULL;
 }
 
 /* the spec at idx if it is one of lv's, else NULL */
@@ -63,10 +63,11 @@ static int is_record(lua_State *L, const ah_luv *lv, int idx) {
 ** upvalues are reachable from Lua); a record closure at idx is replaced
 ** by its record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
-  if (lv == NULL) return NULL;
-  if (lua_type(L, idx) == LUA_TFUNCTION) {
+  ah_rec *r = (ah_rec *)lua_touserdata(L, idx);
+  if (r == NULL) { /* not a userdata: a record closure? */
     lua_CFunction f = lua_tocfunction(L, idx);
     int up;
+    if (f == NULL || lv == NULL) return NULL;
     if (f == ah_luv_q_fn) up = Q_RES; /* its record, once made (q_record) */
     else if (!lv->closures) return NULL;
     else if (f == ah_luv_rec_fn1) up = 1;
@@ -79,8 +80,9 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
       return NULL;
     }
     lua_replace(L, idx);
+    if ((r = (ah_rec *)lua_touserdata(L, idx)) == NULL) return NULL;
   }
-  return is_record(L, lv, idx) ? (ah_rec *)lua_touserdata(L, idx) : NULL;
+  return lv && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
 }
 
 /* The record of a quick record, for the paths that need one (the slow
