@@ -192,19 +192,21 @@ typedef struct ah_state {
 ** whose block is at that address is that very userdata (two live objects
 ** cannot share an address, and Lua code cannot make a light userdata of an
 ** address the library never handed out as one; ah_known is never NULL:
-** see base.c).  Anything else is checked in full by ah_st_check (its size,
-** its self pointer); raises if it is not a state. */
+** see base.c).  Its self pointer is read all the same: a state whose
+** finalizer the debug library took away is freed without forgetting it.
+** Anything else is checked in full by ah_st_check (its size, its self
+** pointer); raises if it is not a state. */
 extern ah_state *ah_known;
 ah_state *ah_st_check(lua_State *L, int raise);
 static inline ah_state *ah_st(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
-  if (ah_likely(st == ah_load_ptr(ah_known))) return st;
+  if (ah_likely(st == ah_load_ptr(ah_known) && st->self == st)) return st;
   return ah_st_check(L, 1);
 }
 /* the same without raising: NULL when AH_UV_STATE is not a state */
 static inline ah_state *ah_st_try(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
-  if (ah_likely(st == ah_load_ptr(ah_known))) return st;
+  if (ah_likely(st == ah_load_ptr(ah_known) && st->self == st)) return st;
   return ah_st_check(L, 0);
 }
 

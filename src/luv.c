@@ -635,8 +635,8 @@ static int wrapped(lua_State *L) {
   ah_state *st;
   int s, obs;
   /* (the one checked last first: a chain calls the same function) */
-  if (ah_unlikely(sp != ah_load_ptr(spec_last))) {
-    if (sp == NULL || sp != ah_load_ptr(specs_known[SPEC_HASH(sp)]))
+  if (ah_unlikely(sp != ah_load_ptr(spec_last) || sp->self != sp)) {
+    if (sp == NULL || sp != ah_load_ptr(specs_known[SPEC_HASH(sp)]) || sp->self != sp)
       sp = check_spec(L);
     ah_store_ptr(spec_last, sp);
   }

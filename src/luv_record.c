@@ -156,8 +156,14 @@ int ah_luv_q_fn(lua_State *L) {
   luaL_checkstack(L, Q_N + 8, "async_hooks");
   lv = ah_luv_push(L); /* (its upvalues are reachable from Lua: checked) */
   lua_pop(L, 1);
-  if ((sp = ah_luv_spec(L, lv, lua_upvalueindex(Q_SPEC))) == NULL)
-    return luaL_error(L, "async_hooks: internal state damaged (a luv quick record)");
+  if ((sp = ah_luv_spec(L, lv, lua_upvalueindex(Q_SPEC))) == NULL) {
+    /* the debug library damaged the luv integration: the callback alone,
+    ** in no context of its own (an error here would end the process) */
+    lua_pushvalue(L, lua_upvalueindex(Q_CB));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+  }
   if (is_record(L, lv, lua_upvalueindex(Q_RES))) {
     lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* made before */
   } else {

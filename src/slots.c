@@ -159,6 +159,23 @@ static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
   lua_pop(L, 1);
 }
 
+/* the finalizer token of slot s is still the one its thread's anchor
+** (AUX_TGC[thread]) keeps alive: the debug library can take it away, and
+** then it may be freed (its finalizer, if it runs, frees a slot: no
+** memory) */
+static int tok_kept(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L), kept = 0;
+  if (lua_checkstack(L, 3) && lua_type(L, AH_UVI_AUX) == LUA_TTABLE &&
+      lua_type(L, AH_UVI_TH) == LUA_TTABLE &&
+      lua_rawgeti(L, AH_UVI_AUX, AUX_TGC) == LUA_TTABLE &&
+      lua_rawgeti(L, AH_UVI_TH, s) == LUA_TTHREAD) {
+    lua_rawget(L, -2);
+    kept = lua_touserdata(L, -1) == st->slots[s].gctok;
+  }
+  lua_settop(L, top);
+  return kept;
+}
+
 /* The thread of slot s finished for good (returned, or was closed): its
 ** slot is free for reuse at once, and the thread is marked released. */
 /* F[s] and TH[s] of a free slot are stale (weak values, overwritten by the
@@ -183,7 +200,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   }
   if (ah_unlikely(sl->has_gc)) {
     if (sl->gctok) {
-      ((ah_cotok *)sl->gctok)->slot = -1;
+      if (tok_kept(L, st, s)) ((ah_cotok *)sl->gctok)->slot = -1;
     } else if (sl->anchored & A_TOKPEND) { /* ended before it needed one */
       tok_settled(st, s);
     }

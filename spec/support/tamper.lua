@@ -2,9 +2,11 @@
 -- driver behind spec/15-tamper_spec.lua, run in its own process (a crash
 -- must not take busted down).
 --
---   lua5.4 spec/support/tamper.lua MODE FIRST [LAST]
+--   lua5.4 spec/support/tamper.lua MODE FIRST [LAST [STRIDE]]
 --
--- MODE: "plain" or "hooks" (four hooks enabled, init sees its resource).
+-- MODE: "plain" or "hooks" (four hooks enabled, init sees its resource);
+-- STRIDE: run only the cases i with (i - 1) % STRIDE == 0 (a sample);
+-- AH_TAMPER_LIST=1: print the list of cases instead.
 -- The driver sets up some library state (values, coroutines suspended in
 -- a scope, tracked luv handles and requests), finds every internal object
 -- the debug library reaches (the C functions of the core and their
@@ -18,7 +20,8 @@
 -- finalizer).  The spec restarts the driver after the case that ended a
 -- process and reports every case that crashed one.
 local MODE, FIRST, LAST = arg[1] or "plain", tonumber(arg[2]) or 1, tonumber(arg[3]) or math.huge
-local LIST = arg[4] == "list"
+local STRIDE = math.max(1, math.floor(tonumber(arg[4]) or 1))
+local LIST = os.getenv("AH_TAMPER_LIST") == "1"
 
 local uv = require("luv")
 -- luv's own functions, for the watchdog (taken before install())
@@ -613,9 +616,11 @@ if LIST then
 end
 out("N ", #cases)
 for i = FIRST, math.min(LAST, #cases) do
+  if (i - 1) % STRIDE ~= 0 then goto next end
   out("CASE ", i, " ", cases[i][1])
   local ok, err = pcall(cases[i][2])
   if not ok then out("(case raised: ", tostring(err), ")") end
   close_strays()
+  ::next::
 end
 out("DONE ", #cases)

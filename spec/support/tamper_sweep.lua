@@ -2,8 +2,8 @@
 -- processes as it takes: a process that a case ended (a crash, an exit, a
 -- hang) is reported with that case, and the next process starts at the
 -- case after it.
---   lua5.4 spec/support/tamper_sweep.lua MODE [FIRST [LAST]]   (prints)
---   require("support.tamper_sweep").sweep(lua, mode, first, last)
+--   lua5.4 spec/support/tamper_sweep.lua MODE [FIRST [LAST [STRIDE]]]   (prints)
+--   require("support.tamper_sweep").sweep(lua, mode, first, last, stride)
 local M = {}
 
 local DRIVER = "spec/support/tamper.lua"
@@ -17,18 +17,18 @@ local function slurp(p)
   return s
 end
 
---- Run cases first..last of the driver in mode.
+--- Run cases first..last of the driver in mode (every stride-th: a sample).
 -- @param lua the interpreter's command, quoted for the shell
 -- @return the number of cases, and a list of {case = i, what = description,
 --   status = exit status (128 + signal for a crash, 124 for a hang),
 --   stderr = its end}
-function M.sweep(lua, mode, first, last)
+function M.sweep(lua, mode, first, last, stride)
   local problems, n = {}, nil
   local from = first or 1
   local tmp = os.tmpname()
   while true do
-    local cmd = ("ASAN_OPTIONS=detect_leaks=0:malloc_fill_byte=0 timeout %d %s %s %s %d %d >%s.out 2>%s.err")
-      :format(TIMEOUT, lua, DRIVER, mode, from, last or 1e9, tmp, tmp)
+    local cmd = ("ASAN_OPTIONS=detect_leaks=0:malloc_fill_byte=0 timeout %d %s %s %s %d %d %d >%s.out 2>%s.err")
+      :format(TIMEOUT, lua, DRIVER, mode, from, last or 1e9, stride or 1, tmp, tmp)
     local _, _, status = os.execute(cmd)
     local out, err = slurp(tmp .. ".out"), slurp(tmp .. ".err")
     n = n or tonumber(out:match("^N (%d+)"))
@@ -49,8 +49,8 @@ function M.sweep(lua, mode, first, last)
 end
 
 if arg and arg[0] and arg[0]:match("tamper_sweep%.lua$") then
-  local mode, first, last = arg[1] or "plain", tonumber(arg[2]), tonumber(arg[3])
-  local n, problems = M.sweep("lua5.4", mode, first, last)
+  local mode, first, last, stride = arg[1] or "plain", tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
+  local n, problems = M.sweep("lua5.4", mode, first, last, stride)
   print(("%s: %s cases, %d ended a process"):format(mode, tostring(n), #problems))
   for _, p in ipairs(problems) do
     print(("  case %d (status %s): %s"):format(p.case, tostring(p.status), p.what))
