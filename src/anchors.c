@@ -54,7 +54,7 @@ void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
       return;
     }
   }
-  lua_rawgeti(L, AH_UV_AUX, key);
+  ah_auxt(L, key);
   if (thread_idx)
     lua_pushvalue(L, thread_idx);
   else
@@ -67,7 +67,7 @@ void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx) {
 /* push the guard chain head of a thread (thread_idx 0: the running one) */
 void ah_get_guard(lua_State *L, int thread_idx) {
   if (thread_idx) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TG);
+  ah_auxt(L, AUX_TG);
   if (thread_idx)
     lua_pushvalue(L, thread_idx);
   else
@@ -106,7 +106,7 @@ int ah_frame_plain(lua_State *L, ah_state *st, int idx) {
 ** slot index, false when unused: the write cannot fail) */
 void ah_pend_set(lua_State *L, int s, int idx) {
   idx = lua_absindex(L, idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  ah_auxt(L, AUX_PEND);
   lua_pushvalue(L, idx);
   lua_rawseti(L, -2, s);
   lua_pop(L, 1);
@@ -287,7 +287,7 @@ static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   if (!lua_checkstack(st->ov.co, 1)) luaL_error(L, "not enough memory");
   lua_pushthread(st->ov.co);
   lua_xmove(st->ov.co, L, 1);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+  ah_auxt(L, AUX_TR);
   lua_pushvalue(L, -2);
   if (lua_rawget(L, -2) != LUA_TTABLE) { /* nobody saw one: made now, and
     ** anchored by its thread, so that the rest of the event sees this one */

@@ -7,10 +7,103 @@
 
 #include "core.h"
 
-/* push the shared upvalues of the running core function (AH_UV_*) */
+/* The state checked last (see ah_st), or else the address of this very
+** variable: no userdata's block, nothing handed out as a light userdata,
+** so that nothing passes for it (NULL would: a value that is no userdata) */
+ah_state *ah_known = (ah_state *)(void *)&ah_known;
+
+/* ah_st's full check: AH_UV_STATE is a userdata of a state's size whose
+** block points to itself (only this library's C code writes that); NULL
+** or an error when it is not */
+ah_state *ah_st_check(lua_State *L, int raise) {
+  ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
+  if (st == NULL || lua_rawlen(L, AH_UV_STATE) != sizeof(ah_state) ||
+      st->self != st) {
+    if (raise)
+      luaL_error(L, "async_hooks: internal state damaged (upvalue 2 is not "
+                    "the library's state)");
+    return NULL;
+  }
+  /* the first state checked is remembered (the common case: one Lua state
+  ** per process), a closed one never */
+  if (!st->closed && ah_load_ptr(ah_known) == (ah_state *)(void *)&ah_known)
+    ah_store_ptr(ah_known, st);
+  return st;
+}
+
+/* the shared upvalue at idx is not a table (AH_UVT) */
+int ah_damaged(lua_State *L, int idx) {
+  return luaL_error(L, "async_hooks: internal state damaged (upvalue %d is "
+                       "a %s, not a table)", (int)(LUA_REGISTRYINDEX - idx),
+                    luaL_typename(L, idx));
+}
+
+/* the shared upvalues named by the bits of which (AH_TF, ...) are tables */
+int ah_tables_ok(lua_State *L, int which) {
+  static const int uv[] = {AH_UVI_F, AH_UVI_R, AH_UVI_T, AH_UVI_AUX, AH_UVI_TH};
+  int i;
+  for (i = 0; i < 5; i++)
+    if ((which & (1 << i)) && lua_type(L, uv[i]) != LUA_TTABLE) return 0;
+  return 1;
+}
+
+/* push aux[key], which must be a table (raises, with nothing pushed, if
+** something put another value there); returns its index */
+int ah_auxt(lua_State *L, int key) {
+  if (ah_unlikely(lua_rawgeti(L, AH_UV_AUX, key) != LUA_TTABLE)) {
+    lua_pop(L, 1);
+    luaL_error(L, "async_hooks: internal state damaged (entry %d of its "
+                  "table is not a table)", key);
+  }
+  return lua_gettop(L);
+}
+
+/* the block of the userdata at idx if it is one of the library's objects
+** of that size whose first field is tag (a pointer only its C code
+** writes there), else NULL; never reads outside the value's memory */
+void *ah_testudata(lua_State *L, int idx, size_t size, const void *tag) {
+  void *p = lua_touserdata(L, idx);
+  if (p == NULL || lua_rawlen(L, idx) != size || *(const void *const *)p != tag)
+    return NULL;
+  return p;
+}
+
+/* the same for the library's objects whose first field points to
+** themselves (the state, the luv state, the luv specs) */
+void *ah_testself(lua_State *L, int idx, size_t size) {
+  void *p = lua_touserdata(L, idx);
+  if (p == NULL || lua_rawlen(L, idx) != size || *(const void *const *)p != p)
+    return NULL;
+  return p;
+}
+
+/* the userdata at idx gets the metatable of internal objects (AH_NULLOBJ) */
+void ah_internal_mt(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_rawgeti(L, AH_UV_AUX, AUX_INTERNAL_MT) == LUA_TTABLE)
+    lua_setmetatable(L, idx);
+  else
+    lua_pop(L, 1);
+}
+
+/* the slot array (the userdata on top, or nil: popped) is kept alive by
+** AUX_SLOTS and by the state's metatable (its [1]), so that no one change
+** of a table frees it while the state points to it */
+void ah_anchor_slots(lua_State *L) {
+  if (ah_st_try(L) != NULL && lua_getmetatable(L, AH_UV_STATE)) {
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, 1); /* (made at creation: no allocation) */
+    lua_pop(L, 1);
+  }
+  lua_rawseti(L, AH_UV_AUX, AUX_SLOTS); /* an array slot: no allocation */
+}
+
+/* push the shared upvalues of the running core function (AH_UV_*), after
+** a nil in the place of its own upvalue */
 void ah_push_shared(lua_State *L) {
   int i;
-  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  lua_pushnil(L);
+  for (i = 2; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
 }
 
 /* module table on top: add the functions of l, with the shared upvalues */

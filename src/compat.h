@@ -48,6 +48,16 @@
 #define ah_unlikely(x) (x)
 #endif
 
+/* a pointer read and written by several OS threads (one Lua state each):
+** a relaxed atomic access where the compiler has one */
+#if defined(__GNUC__) || defined(__clang__)
+#define ah_load_ptr(p) __atomic_load_n(&(p), __ATOMIC_RELAXED)
+#define ah_store_ptr(p, v) __atomic_store_n(&(p), (v), __ATOMIC_RELAXED)
+#else
+#define ah_load_ptr(p) (p)
+#define ah_store_ptr(p, v) ((p) = (v))
+#endif
+
 /* the module's one exported symbol (everything else is hidden) */
 #if defined(__GNUC__) || defined(__clang__)
 #define AH_EXPORT __attribute__((visibility("default")))

@@ -9,7 +9,9 @@
 
 #include "core.h"
 
-static char ah_key; /* registry[&ah_key] = module table */
+/* registry[&ah_key] = module table.  The key is reachable from Lua as a
+** light userdata: it points to a null pointer (see core.h, AH_NULLOBJ) */
+static const void *const ah_key = NULL;
 
 /* --------------------------------------------------------------------- */
 /* module functions                                                        */
@@ -69,6 +71,12 @@ static const luaL_Reg core_funcs[] = {
 ** destroy queue and the callback stack allocate nothing from now on. */
 static int state_gc(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 1);
+  /* (reachable from Lua: debug.getmetatable; only a state is one) */
+  if (st == NULL || lua_rawlen(L, 1) != sizeof(ah_state) || st->self != st)
+    return 0;
+  if (ah_load_ptr(ah_known) == st)
+    ah_store_ptr(ah_known, (ah_state *)(void *)&ah_known); /* (see base.c) */
+  ah_luv_forget(st);
   st->closed = 1;
   free(st->dq);
   st->dq = NULL;
@@ -80,23 +88,28 @@ static int state_gc(lua_State *L) {
   return 0;
 }
 
-/* push a zeroed ah_state userdata with its finalizer */
+/* push a zeroed ah_state userdata with its finalizer; its metatable also
+** keeps the slot array once it grew (ah_anchor_slots) */
 static ah_state *new_state(lua_State *L) {
   ah_state *st = (ah_state *)lua_newuserdatauv(L, sizeof(ah_state), 0);
   memset(st, 0, sizeof *st);
-  lua_createtable(L, 0, 1);
+  st->self = st;
+  lua_createtable(L, 1, 1);
+  lua_pushboolean(L, 0);
+  lua_rawseti(L, -2, 1); /* (see ah_anchor_slots) */
   lua_pushcfunction(L, state_gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
   return st;
 }
 
-/* push the AH_NUP shared upvalues for the state at st_idx: a light
-** pointer (cheaper to read on every call), F, R, T, the aux table (which
-** anchors the userdata itself), TH */
-static void push_upvalues(lua_State *L, ah_state *st, int st_idx) {
+/* push the AH_NUP upvalues for the state at st_idx: nil (the function's
+** own), the state, F, R, T, the aux table (which anchors the state too),
+** TH */
+static void push_upvalues(lua_State *L, int st_idx) {
   st_idx = lua_absindex(L, st_idx);
-  lua_pushlightuserdata(L, st);
+  lua_pushnil(L);
+  lua_pushvalue(L, st_idx);
   ah_weak_table(L, "v", AH_INLINE); /* F */
   ah_weak_table(L, "v", AH_INLINE); /* R */
   ah_weak_table(L, "k", 0);         /* T */
@@ -116,6 +129,7 @@ static void open_core(lua_State *L) {
   st->cb_cap = AH_CB_INLINE;
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
+  ah_new_metatable(L, "async_hooks.internal", NULL, NULL, AUX_INTERNAL_MT);
   ah_add_funcs(L, core_funcs);
 }
 
@@ -144,12 +158,11 @@ static int build(lua_State *L) {
 }
 
 AH_EXPORT int luaopen_async_hooks_core(lua_State *L) {
-  ah_state *st;
   /* idempotent: busted re-runs luaopen_* in the same state */
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_key) == LUA_TTABLE) return 1;
   lua_pop(L, 1);
-  st = new_state(L);
-  push_upvalues(L, st, -1);
+  new_state(L);
+  push_upvalues(L, -1);
   lua_pushcclosure(L, build, AH_NUP);
   lua_call(L, 0, 1);
   lua_pushvalue(L, -1);

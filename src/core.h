@@ -28,14 +28,33 @@ enum { AH_INIT = 1, AH_BEFORE, AH_AFTER, AH_DESTROY, AH_NKINDS = AH_DESTROY };
 /* slot kinds */
 enum { AH_KMAIN = 0, AH_KCORO, AH_KFOREIGN };
 
-/* shared upvalues of every core function */
-#define AH_UV_STATE lua_upvalueindex(1) /* light userdata: ah_state* */
-#define AH_UV_F lua_upvalueindex(2) /* slot -> current frame (weak values) */
-#define AH_UV_R lua_upvalueindex(3) /* slot -> current resource (weak values) */
-#define AH_UV_T lua_upvalueindex(4) /* thread -> frame anchor (weak keys) */
-#define AH_UV_AUX lua_upvalueindex(5) /* strong table of internals */
-#define AH_UV_TH lua_upvalueindex(6) /* slot -> thread (weak values) */
-#define AH_NUP 6
+/* Upvalues of every core function.  Upvalue 1 is the function's own: nil,
+** or the coroutine of a coroutine.wrap function (lcorolib's wrap keeps it
+** there too).  Then the shared ones.  The debug library can replace any of
+** them, and Lua code can change the tables: every use checks what it
+** finds (a table where a table is used, the state by identity), so that a
+** wrong value raises an error instead of crashing (see AH_UVT, ah_st). */
+#define AH_UV_OWN lua_upvalueindex(1)
+#define AH_UV_STATE lua_upvalueindex(2) /* the ah_state userdata */
+#define AH_UVI_F lua_upvalueindex(3)   /* slot -> current frame (weak values) */
+#define AH_UVI_R lua_upvalueindex(4)   /* slot -> current resource (weak values) */
+#define AH_UVI_T lua_upvalueindex(5)   /* thread -> frame anchor (weak keys) */
+#define AH_UVI_AUX lua_upvalueindex(6) /* strong table of internals */
+#define AH_UVI_TH lua_upvalueindex(7)  /* slot -> thread (weak values) */
+#define AH_NUP 7
+/* the same, checked to be a table at each use (a raw access to anything
+** else is undefined behaviour); the AH_UVI_* indices unchecked, for code
+** that checked them itself (ah_check_tables) */
+#define AH_UV_F AH_UVT(L, AH_UVI_F)
+#define AH_UV_R AH_UVT(L, AH_UVI_R)
+#define AH_UV_T AH_UVT(L, AH_UVI_T)
+#define AH_UV_AUX AH_UVT(L, AH_UVI_AUX)
+#define AH_UV_TH AH_UVT(L, AH_UVI_TH)
+#define AH_UVT(L, idx) \
+  (ah_likely(lua_type((L), (idx)) == LUA_TTABLE) ? (idx) : ah_damaged((L), (idx)))
+/* the AH_UV_* tables named by these bits are tables (else 0) */
+enum { AH_TF = 1, AH_TR = 2, AH_TT = 4, AH_TAUX = 8, AH_TTH = 16, AH_TALL = 31 };
+int ah_tables_ok(lua_State *L, int which);
 
 /* integer keys of the aux table */
 enum {
@@ -54,7 +73,8 @@ enum {
   AUX_MAINRES,   /* anchor of the main thread's resource */
   AUX_PERSIST,   /* table kept for the Lua front end across re-requires */
   AUX_LUV,       /* luv integration state */
-  AUX_STATE,     /* the ah_state userdata (upvalue 1 is a light pointer) */
+  AUX_STATE,     /* the ah_state userdata (also every core function's
+                 ** AH_UV_STATE) */
   AUX_NEXT,      /* hook lists prepared by enable/disable (see hooks.c) */
   AUX_TCORO,     /* the string "coroutine" (init's type, not re-interned) */
   AUX_KTHREAD,   /* the string "thread" (a thread's resource's key) */
@@ -69,6 +89,7 @@ enum {
                  ** callbacks after this state's) */
   AUX_LIBDIR,    /* the folder of the library's Lua files ("@.../"), or
                  ** nil: errors are positioned past their frames (ah_where) */
+  AUX_INTERNAL_MT, /* metatable of the internal userdata (see AH_NULLOBJ) */
   AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
                  ** kind in use, or false (see hooks.c) */
   AUX_N = AUX_HOOK1 + AH_NKINDS
@@ -110,6 +131,7 @@ typedef struct ah_ov {
 } ah_ov;
 
 typedef struct ah_state {
+  const void *self;          /* this very struct: what ah_st checks */
   lua_State *mainL;
   lua_Integer next_id;
   ah_slot *slots;
@@ -160,10 +182,34 @@ typedef struct ah_state {
   ** open in it (set by ah_open_scope; slots.c calls it without knowing
   ** scope.c); 0 if none is open */
   int (*own_resource)(lua_State *L, int thread_idx);
+  struct ah_luv *lv;          /* the luv integration's state (luv.c), or NULL */
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 
-#define ah_st(L) ((ah_state *)lua_touserdata((L), AH_UV_STATE))
+/* The state of the running core function, from its AH_UV_STATE: a
+** userdata whose block is the state of this Lua state (or anything else,
+** if the debug library put it there).  The state that was checked last is
+** remembered (ah_known), so that checking it costs a comparison: a value
+** whose block is at that address is that very userdata (two live objects
+** cannot share an address, and Lua code cannot make a light userdata of an
+** address the library never handed out as one; ah_known is never NULL:
+** see base.c).  Its self pointer is read all the same: a state whose
+** finalizer the debug library took away is freed without forgetting it.
+** Anything else is checked in full by ah_st_check (its size, its self
+** pointer); raises if it is not a state. */
+extern ah_state *ah_known;
+ah_state *ah_st_check(lua_State *L, int raise);
+static inline ah_state *ah_st(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
+  if (ah_likely(st == ah_load_ptr(ah_known) && st->self == st)) return st;
+  return ah_st_check(L, 1);
+}
+/* the same without raising: NULL when AH_UV_STATE is not a state */
+static inline ah_state *ah_st_try(lua_State *L) {
+  ah_state *st = (ah_state *)lua_touserdata(L, AH_UV_STATE);
+  if (ah_likely(st == ah_load_ptr(ah_known) && st->self == st)) return st;
+  return ah_st_check(L, 0);
+}
 
 /* slot->anchored bits: the frame is not the empty one (and is anchored in
 ** T), the resource is not nil (and is anchored in AUX_TR); AKEY_*: the
@@ -186,7 +232,22 @@ enum { A_FRAME = 1, A_RES = 2, AKEY_FRAME = 4, AKEY_RES = 8,
 ** its build closure (AH_UV_* valid) with the module table on top: it makes
 ** its aux entries and metatables and adds its functions to the module. */
 
+/* AH_NULLOBJ: every value the library hands to Lua that a C library could
+** take for its own userdata is safe for a C library to look into: luv, for
+** one, takes any userdata for a handle if its first pointer is not null
+** and the pointer there not either, then looks up its metatable (and
+** crashes on a userdata without one).  So each light userdata of the
+** library points to a null pointer, each full userdata has a metatable
+** (AUX_INTERNAL_MT for those with none of their own) and starts with a
+** null pointer or one to readable memory. */
+
 /* base.c */
+int ah_damaged(lua_State *L, int idx);
+int ah_auxt(lua_State *L, int key);
+void *ah_testudata(lua_State *L, int idx, size_t size, const void *tag);
+void *ah_testself(lua_State *L, int idx, size_t size);
+void ah_internal_mt(lua_State *L, int idx);
+void ah_anchor_slots(lua_State *L);
 void ah_push_shared(lua_State *L);
 void ah_add_funcs(lua_State *L, const luaL_Reg *l);
 void ah_new_metatable(lua_State *L, const char *name, const char *event,
@@ -290,6 +351,7 @@ void ah_open_coro(lua_State *L);
 
 /* luv.c, luv_dispatch.c */
 int ah_luv_resource(lua_State *L, ah_state *st, int s);
+void ah_luv_forget(ah_state *st);
 void ah_open_luv(lua_State *L);
 
 #endif

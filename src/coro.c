@@ -48,7 +48,8 @@ static int co_create(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *NL;
   int s, top;
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (ah_unlikely(lua_type(L, 1) != LUA_TFUNCTION)) /* (its error, but */
+    luaL_checktype(L, 1, LUA_TFUNCTION);            /* no call to get there) */
   NL = lua_newthread(L);
   lua_pushvalue(L, 1);
   lua_xmove(L, NL, 1);
@@ -58,7 +59,10 @@ static int co_create(lua_State *L) {
     int ns, framed, plain;
     lua_Integer trigger = st->slots[s].id;
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
-    lua_rawgeti(L, AH_UV_F, s); /* top + 1: the creator's frame */
+    /* F and TH are checked here, before any change (lua_geti raises
+    ** unless F can be indexed), and used unchecked below */
+    lua_geti(L, AH_UVI_F, s); /* top + 1: the creator's frame */
+    (void)AH_UV_TH;
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
     /* its anchor: a plain frame in AUX_PEND (cannot fail), else a new key
     ** in T, keyed by the new thread (can fail; it runs no finalizer):
@@ -173,6 +177,7 @@ static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
   ah_ov pov = st->ov;
   if (kind == AH_AFTER) /* (before: resume's own frame has LUA_MINSTACK) */
     luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
+  (void)AH_UV_AUX; /* the dispatch's table, checked before st->ov changes */
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;
   ptrig = st->slots[s].trigger;
@@ -220,8 +225,8 @@ static void ended(ah_state *st, int cs) {
 #define SLICE_HOOKS(st) \
   ((st)->nhooks[AH_BEFORE] | (st)->nhooks[AH_AFTER] | (st)->nhooks[AH_DESTROY])
 
-/* a wrapped coroutine's thread: the upvalue of co_auxwrap (its co_idx) */
-#define AH_UV_CO lua_upvalueindex(AH_NUP + 1)
+/* the coroutine of a wrap function: its upvalue 1, as in lcorolib */
+#define AH_UV_CO AH_UV_OWN
 
 /* move the nres results (or the error: nres < 0) of co to L */
 static int take_results(lua_State *L, lua_State *co, int status, int nres) {
@@ -398,7 +403,11 @@ static int co_resume(lua_State *L) {
 static int co_auxwrap(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_State *co = lua_tothread(L, AH_UV_CO);
-  int r = auxresume(L, st, co, AH_UV_CO, lua_gettop(L));
+  int r;
+  if (ah_unlikely(co == NULL))
+    return luaL_error(L, "cannot resume a %s (upvalue 1 of a coroutine.wrap "
+                         "function)", luaL_typename(L, AH_UV_CO));
+  r = auxresume(L, st, co, AH_UV_CO, lua_gettop(L));
   if (r < 0) {
     int stat = lua_status(co);
     if (stat != LUA_OK && stat != LUA_YIELD) { /* error in the coroutine */
@@ -417,13 +426,15 @@ static int co_auxwrap(lua_State *L) {
   return r;
 }
 
+/* a closure over the new coroutine (its upvalue 1, as lcorolib's) and
+** the shared upvalues */
 static int co_wrap(lua_State *L) {
+  int i;
   luaL_checktype(L, 1, LUA_TFUNCTION); /* first: "got no value" stays */
   lua_settop(L, 1); /* as lcorolib's wrap: arguments after f are ignored */
-  co_create(L);
-  ah_push_shared(L);
-  lua_pushvalue(L, 2);
-  lua_pushcclosure(L, co_auxwrap, AH_NUP + 1);
+  co_create(L); /* 2 */
+  for (i = 2; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  lua_pushcclosure(L, co_auxwrap, AH_NUP);
   return 1;
 }
 

@@ -14,10 +14,11 @@
 #define AH_TOKEN_MAGIC 0x41484c54u
 
 typedef struct ah_token {
+  const void *null; /* (see core.h, AH_NULLOBJ) */
   unsigned int magic;
 } ah_token;
 
-static const char ah_nilv = 0;
+static const void *const ah_nilv = NULL; /* (see core.h, AH_NULLOBJ) */
 #define NILV ((void *)&ah_nilv)
 
 /* 1 with the token of the AsyncLocal at idx pushed, or 0 */
@@ -66,9 +67,11 @@ static int l_get(lua_State *L) {
   int s;
   if (lua_type(L, 1) != LUA_TTABLE) bad_self(L);
   s = ah_slot_of(L, st);
-  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+  /* (lua_geti: an F that the debug library replaced raises, and costs
+  ** no check when it is a table) */
+  if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM */
     lua_pop(L, 1);
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_auxt(L, AUX_EMPTY);
   }
   if (lua_rawgeti(L, 1, 1) != LUA_TUSERDATA) bad_self(L);
   switch (lua_rawget(L, -2)) {
@@ -107,9 +110,10 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                            int val) {
   int fr, nf, n = 0, had, plain;
   const void *p;
-  if (lua_rawgeti(L, AH_UV_F, s) != LUA_TTABLE) { /* only after an OOM */
+  if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM (geti:
+                                                 ** see l_get) */
     lua_pop(L, 1);
-    lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+    ah_auxt(L, AUX_EMPTY);
   }
   fr = lua_gettop(L);
   p = lua_topointer(L, fr);
@@ -153,7 +157,7 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   /* plain (see ah_frame_plain): the value and the entries copied are
   ** (an entry replaced in a frame that is not plain counts as not) */
   plain = plain_value(L, val) && ah_frame_plain(L, st, fr);
-  lua_rawgeti(L, AH_UV_AUX, plain ? AUX_FRAME_PMT : AUX_FRAME_MT);
+  ah_auxt(L, plain ? AUX_FRAME_PMT : AUX_FRAME_MT);
   lua_setmetatable(L, nf);
   st->lastf = lua_topointer(L, nf); /* complete: remember it */
   st->lastn = n + !had;
@@ -264,7 +268,9 @@ static int l_current_frame(lua_State *L) {
 
 static int l_newtoken(lua_State *L) {
   ah_token *t = (ah_token *)lua_newuserdatauv(L, sizeof(ah_token), 0);
+  t->null = NULL;
   t->magic = AH_TOKEN_MAGIC;
+  ah_internal_mt(L, -1);
   return 1;
 }
 
@@ -278,7 +284,7 @@ static int closure_with(lua_State *L, lua_CFunction f, int n) {
   int i;
   lua_settop(L, n);
   luaL_checkstack(L, AH_NUP + n, NULL);
-  for (i = 1; i <= AH_NUP; i++) lua_pushvalue(L, lua_upvalueindex(i));
+  ah_push_shared(L);
   for (i = 1; i <= n; i++) lua_pushvalue(L, i);
   lua_pushcclosure(L, f, AH_NUP + n);
   return 1;

@@ -42,7 +42,11 @@ static int sees_resource(lua_State *L) {
 static int l_prepare(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 2);
   int k, i, n, counts[AH_NKINDS + 1], init_res = 0;
-  lua_rawgeti(L, 1, AUX_ORDER); /* 3 */
+  /* (a light C function: the debug library can call it with anything) */
+  if (lua_type(L, 1) != LUA_TTABLE || st == NULL ||
+      lua_rawlen(L, 2) != sizeof(ah_state) || st->self != st ||
+      lua_rawgeti(L, 1, AUX_ORDER) != LUA_TTABLE) /* 3 */
+    return luaL_error(L, "async_hooks: internal state damaged (hook list)");
   n = (int)lua_rawlen(L, 3);
   lua_createtable(L, 2 * AH_NKINDS, 0); /* 4 */
   for (k = 1; k <= AH_NKINDS; k++) {
@@ -79,15 +83,20 @@ static int l_prepare(lua_State *L) {
 ** next flush point (ah_flush) or enable/disable. */
 static void commit(lua_State *L, ah_state *st) {
   int k, had = st->nhooks[AH_DESTROY] != 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_NEXT);
-  lua_pushvalue(L, -1);
-  lua_rawseti(L, AH_UV_AUX, AUX_LISTS);
+  /* (aux or its lists damaged by the debug library: the counts alone) */
+  int aux = lua_type(L, AH_UVI_AUX) == LUA_TTABLE;
+  int ok = aux && lua_rawgeti(L, AH_UVI_AUX, AUX_NEXT) == LUA_TTABLE;
+  if (ok) {
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, AH_UVI_AUX, AUX_LISTS);
+  }
   for (k = 1; k <= AH_NKINDS; k++) {
     st->nhooks[k] = st->next_n[k];
+    if (!ok) continue;
     lua_rawgeti(L, -1, AH_NKINDS + k); /* in AUX's array part: no allocation */
-    lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + k - 1);
+    lua_rawseti(L, AH_UVI_AUX, AUX_HOOK1 + k - 1);
   }
-  lua_pop(L, 1);
+  if (aux) lua_pop(L, 1);
   st->init_res = st->next_init_res;
   st->dirty = 0;
   st->watched = st->res_on || st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] ||
@@ -115,7 +124,7 @@ void ah_luv_notify(lua_State *L, ah_state *st) {
 static int changed(lua_State *L, ah_state *st) {
   lua_pushcfunction(L, l_prepare);
   lua_pushvalue(L, AH_UV_AUX);
-  lua_pushlightuserdata(L, st);
+  lua_pushvalue(L, AH_UV_STATE); /* (st, checked by the caller) */
   if (lua_pcall(L, 2, 0, 0) != LUA_OK) return 0;
   if (st->dispatching) {
     st->dirty = 1;
@@ -129,7 +138,7 @@ static int changed(lua_State *L, ah_state *st) {
 /* position of the hook at idx in AUX_ORDER (pushed on top), or 0 */
 static int find_hook(lua_State *L, int idx) {
   int i, n;
-  lua_rawgeti(L, AH_UV_AUX, AUX_ORDER);
+  ah_auxt(L, AUX_ORDER);
   n = (int)lua_rawlen(L, -1);
   for (i = 1; i <= n; i++) {
     lua_rawgeti(L, -1, i);
@@ -269,7 +278,7 @@ static int library_function(lua_State *L, ah_state *st, int idx) {
   int i;
   idx = lua_absindex(L, idx);
   for (i = 1; lua_getupvalue(L, idx, i) != NULL; i++) {
-    int is = lua_islightuserdata(L, -1) && lua_touserdata(L, -1) == st;
+    int is = lua_touserdata(L, -1) == st; /* (its AH_UV_STATE) */
     lua_pop(L, 1);
     if (is) return 1;
   }
@@ -378,7 +387,10 @@ static int run_hooks(lua_State *L) {
   int nargs = lua_gettop(L) - 3, n = (int)lua_rawlen(L, 3), i, j, err = 0;
   luaL_checkstack(L, nargs + 4, "async_hooks dispatch");
   for (i = 1; i <= n; i++) {
-    lua_rawgeti(L, 3, i);
+    if (lua_rawgeti(L, 3, i) != LUA_TFUNCTION) { /* (damaged: see dispatch) */
+      lua_pop(L, 1);
+      continue;
+    }
     for (j = 4; j <= nargs + 3; j++) lua_pushvalue(L, j);
     if (lua_pcall(L, nargs, 0, 2) != LUA_OK) {
       if (err) lua_pop(L, 1); /* the first stays, above the handler */
@@ -420,14 +432,27 @@ static AH_ALWAYS_INLINE int dispatch(lua_State *L, ah_state *st, int kind,
                                      lua_Integer trigger, int res_idx) {
   int base = lua_gettop(L), status, nargs = 1;
   lua_pushcfunction(L, msghs[kind]); /* base + 1 */
+  /* The debug library can put anything in the aux table or take it away:
+  ** what is not a hook function or a list runs nothing (raising here is
+  ** no option: callers dispatch inside sections that must not fail) */
+  if (ah_unlikely(lua_type(L, AH_UVI_AUX) != LUA_TTABLE)) {
+    lua_settop(L, base);
+    return 0;
+  }
   if (ah_likely(st->nhooks[kind] == 1)) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_HOOK1 + kind - 1);
+    if (ah_unlikely(lua_rawgeti(L, AH_UVI_AUX, AUX_HOOK1 + kind - 1) != LUA_TFUNCTION)) {
+      lua_settop(L, base);
+      return 0;
+    }
   } else {
     lua_pushcfunction(L, run_hooks);
     lua_pushlightuserdata(L, st);
     lua_pushcfunction(L, msghs[kind]);
-    lua_rawgeti(L, AH_UV_AUX, AUX_LISTS);
-    lua_rawgeti(L, -1, kind);
+    if (ah_unlikely(lua_rawgeti(L, AH_UVI_AUX, AUX_LISTS) != LUA_TTABLE ||
+                    lua_rawgeti(L, -1, kind) != LUA_TTABLE)) {
+      lua_settop(L, base);
+      return 0;
+    }
     lua_replace(L, -2);
     nargs = 4;
   }
@@ -586,10 +611,11 @@ static int l_emit_init(lua_State *L) {
 }
 
 static int gctok_gc(lua_State *L) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, 1);
-  if (!t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
+  /* (the metatable is reachable from Lua: only a token of this state) */
+  ah_gctok *t = (ah_gctok *)ah_testudata(L, 1, sizeof(ah_gctok), ah_st(L));
+  if (t && !t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
     ah_queue_destroy(t->st, t->id);
-  t->done = 1;
+  if (t) t->done = 1;
   return 0;
 }
 
@@ -601,7 +627,7 @@ static int l_gc_token(lua_State *L) {
   t->st = st;
   t->id = id;
   t->done = 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
+  ah_auxt(L, AUX_GCTOK_MT);
   lua_setmetatable(L, -2);
   return 1;
 }

@@ -35,15 +35,18 @@
 
 #include "luv.h"
 
-const char ah_luv_key = 0;
+const void *const ah_luv_key = NULL; /* (see core.h, AH_NULLOBJ) */
+
+ah_luv_pcall ah_luv_fallback = NULL;
 
 /* wrapper upvalues, after the shared ones */
 #define W_SPEC lua_upvalueindex(AH_NUP + 1)
 #define W_LV lua_upvalueindex(AH_NUP + 2)
 #define W_RECMT lua_upvalueindex(AH_NUP + 3) /* the records' metatable */
-#define W_SPECP lua_upvalueindex(AH_NUP + 4) /* the spec, as a light pointer:
-                                             ** the quickest to read */
-#define W_NUP (AH_NUP + 4)
+#define W_NUP (AH_NUP + 3)
+typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > AH_NUP + 2 &&
+                                RUN_NUP > Q_N + 2 ? 1 : -1];
+
 
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value                                      */
@@ -66,8 +69,10 @@ static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
   }
   if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
     lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
+    /* (checked: reachable from Lua; the record whose callback runs inline,
+    ** a re-arm from inside it, was checked by the dispatch) */
     r = (ah_rec *)lua_touserdata(L, -1);
-    if (r->lv != lv) r = NULL;
+    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
     *closure = 1;
   } else {
     r = ah_luv_record(L, lv, -1);
@@ -220,15 +225,14 @@ static void push_type(lua_State *L, int handle_idx) {
 ** (run protected: a registration luv accepted cannot fail afterwards) */
 static int make_resource(lua_State *L) {
   ah_rec *r;
-  if (lua_tocfunction(L, 1) == ah_luv_q_fn) {
-    const ah_spec *sp;
-    lua_getupvalue(L, 1, Q_SPEC);
-    sp = (const ah_spec *)lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    r = ah_luv_q_record(L, sp->lv, 1); /* kept in its Q_RES from now on */
-  } else {
-    r = (ah_rec *)lua_touserdata(L, 1);
-  }
+  ah_luv *lv = ah_luv_push(L); /* (a light C function: the debug library
+                               ** can call it with anything) */
+  lua_settop(L, 1);
+  if (lua_tocfunction(L, 1) == ah_luv_q_fn)
+    r = ah_luv_q_record(L, lv, 1); /* kept in its Q_RES from now on */
+  else
+    r = lv ? ah_luv_record(L, lv, 1) : NULL;
+  if (r == NULL) return luaL_error(L, "async_hooks: not a luv record");
   if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, 1);
   lua_getiuservalue(L, 1, RV_RES);
   return 1;
@@ -290,6 +294,8 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   r->spec = sp;
   r->flags = (sp->kind == W_CLOSE || sp->kind == W_REQ) ? REC_ONESHOT : 0;
   if (st->nhooks[AH_DESTROY]) r->flags |= REC_DESTROY;
+  if (lua_type(L, W_RECMT) != LUA_TTABLE) /* (nothing changed yet) */
+    luaL_error(L, "async_hooks: internal state damaged (records' metatable)");
   lua_pushvalue(L, W_RECMT);
   lua_setmetatable(L, rec);
   lua_pushvalue(L, pos);
@@ -369,7 +375,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_setiuservalue(L, rec, RV_CB);
   /* the frame: the one kept when no F[] was written since it was read */
   if (r->fgen != st->fgen || (int)r->fslot != s || s >= AH_FSLOT_MAX) {
-    lua_rawgeti(L, AH_UV_F, s);
+    lua_geti(L, AH_UVI_F, s); /* (raises unless F can be indexed) */
     if (lua_topointer(L, -1) != r->frame) {
       r->frame = lua_topointer(L, -1);
       lua_setiuservalue(L, rec, RV_FRAME);
@@ -449,7 +455,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
   lua_pushinteger(L, id);              /* Q_ID */
   lua_pushinteger(L, trigger);         /* Q_TRIG */
-  lua_pushlightuserdata(L, (void *)sp); /* Q_SPEC */
+  lua_pushvalue(L, W_SPEC);            /* Q_SPEC */
   if (ah_unlikely(res)) lua_pushvalue(L, n + 1); /* Q_RES: the resource, */
   else if (handle_idx) lua_pushvalue(L, handle_idx); /* else the handle */
   else lua_pushnil(L);
@@ -604,10 +610,53 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
 ** observe the registration and no tracked handle registration exists, it
 ** is luv's function and a few tests (a small frame of its own: the rest is
 ** in wrapped_tracked). */
+/* The specs checked last, by the address of their block (see ah_st in
+** core.h for why a value whose block is at the address of a spec checked
+** before is that spec): a small cache, a few per Lua state in use, which
+** ah_luv_forget empties of a state's specs when the state is closed */
+#define AH_SPECS_KNOWN 16
+static const ah_spec *specs_known[AH_SPECS_KNOWN];
+/* one of them, else the address of this very variable (no userdata's
+** block: nothing passes for it, see ah_known in base.c) */
+#define SPEC_NONE ((const ah_spec *)(const void *)&spec_last)
+static const ah_spec *spec_last = SPEC_NONE;
+#define SPEC_HASH(p) ((unsigned)(((uintptr_t)(p) >> 4) * 2654435761u) >> 28)
+typedef char ah_specs_known_size[AH_SPECS_KNOWN == 16 ? 1 : -1];
+
+static AH_NOINLINE const ah_spec *check_spec(lua_State *L) {
+  ah_state *st = ah_st(L);
+  const ah_spec *sp = ah_luv_spec(L, st->lv, W_SPEC);
+  if (sp == NULL)
+    luaL_error(L, "async_hooks: internal state damaged (upvalue %d of a luv "
+                  "function)", AH_NUP + 1);
+  if (!st->closed) ah_store_ptr(specs_known[SPEC_HASH(sp)], sp);
+  return sp;
+}
+
+/* the state st is closed: its specs leave the cache (they are freed once
+** every finalizer has run) */
+void ah_luv_forget(ah_state *st) {
+  int i;
+  for (i = 0; i < AH_SPECS_KNOWN; i++) {
+    const ah_spec *sp = ah_load_ptr(specs_known[i]);
+    if (sp && sp->lv->st == st) ah_store_ptr(specs_known[i], NULL);
+  }
+  ah_store_ptr(spec_last, SPEC_NONE);
+}
+
 static int wrapped(lua_State *L) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPECP);
-  ah_state *st = sp->lv->st;
-  int s = ah_slot_of(L, st), obs = observable(st, s);
+  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
+  ah_state *st;
+  int s, obs;
+  /* (the one checked last first: a chain calls the same function) */
+  if (ah_unlikely(sp != ah_load_ptr(spec_last) || sp->self != sp)) {
+    if (sp == NULL || sp != ah_load_ptr(specs_known[SPEC_HASH(sp)]) || sp->self != sp)
+      sp = check_spec(L);
+    ah_store_ptr(spec_last, sp);
+  }
+  st = sp->lv->st;
+  s = ah_slot_of(L, st);
+  obs = observable(st, s);
   if (ah_likely(!obs && !st->handles))
     return sp->orig(L); /* nothing to track, no tracked handle to end */
   /* no callback (a synchronous call, a close without one) and no tracked
@@ -640,7 +689,9 @@ static int l_luv_wrap(lua_State *L) {
   luv_state(L); /* 10 */
   lua_getiuservalue(L, 10, LV_SPECS); /* 11 */
   sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 12 */
+  sp->self = sp;
   sp->lv = (ah_luv *)lua_touserdata(L, 10);
+  ah_internal_mt(L, 12);
   sp->orig = f;
   sp->kind = (int)kind;
   sp->pos = (int)pos;
@@ -675,7 +726,6 @@ static int l_luv_wrap(lua_State *L) {
   lua_pushvalue(L, 12);
   lua_pushvalue(L, 10);
   lua_getiuservalue(L, 10, LV_RECMT);
-  lua_pushlightuserdata(L, sp); /* anchored in LV_SPECS, above */
   lua_pushcclosure(L, wrapped, W_NUP);
   return 1;
 }
@@ -689,11 +739,13 @@ static int l_luv_wrap_run(lua_State *L) {
   lua_settop(L, 1);
   lv = luv_state(L); /* 2 */
   lv->run = f;
+  luaL_checkstack(L, RUN_NUP, "async_hooks");
   ah_push_shared(L);
   lua_pushvalue(L, 2);
-  lua_pushlightuserdata(L, (void *)&ah_luv_key);
-  lua_pushlightuserdata(L, lv); /* anchored in the registry */
-  lua_pushcclosure(L, ah_luv_run, AH_NUP + 3);
+  lua_pushlightuserdata(L, lv); /* RUN_LVP */
+  lua_pushnil(L);
+  lua_pushlightuserdata(L, (void *)&ah_luv_key); /* RUN_MARK, last */
+  lua_pushcclosure(L, ah_luv_run, RUN_NUP);
   return 1;
 }
 
@@ -702,16 +754,18 @@ static int l_luv_wrap_run(lua_State *L) {
 
 /* push the state's ah_luv, made the first time */
 static ah_luv *luv_state(lua_State *L) {
+  ah_state *st = ah_st(L);
   ah_luv *lv;
   int i;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
-    return (ah_luv *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
+  if ((lv = ah_luv_push(L)) != NULL) return lv;
+  lua_pop(L, 1); /* (nothing, or what the debug library put there) */
   luaL_checkstack(L, AH_NUP + 6, "async_hooks");
   lv = (ah_luv *)lua_newuserdatauv(L, sizeof(ah_luv), LV_NUV);
   memset(lv, 0, sizeof *lv);
-  lv->st = ah_st(L);
+  lv->self = lv;
+  lv->st = st;
   i = lua_gettop(L);
+  ah_internal_mt(L, i);
   ah_luv_closures(L, i);
   lua_createtable(L, 0, 2); /* records' metatable */
   lua_pushliteral(L, "async_hooks.luv_callback");
@@ -724,6 +778,7 @@ static ah_luv *luv_state(lua_State *L) {
   lua_setiuservalue(L, i, LV_SPECS);
   lua_pushvalue(L, i);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  st->lv = lv; /* complete, anchored */
   return lv;
 }
 
@@ -753,7 +808,8 @@ static int l_luv_attach(lua_State *L) {
   ah_luv *lv;
   ah_luv_ctx *ctx;
   lua_CFunction walk = lua_tocfunction(L, 1), is_closing = lua_tocfunction(L, 2);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA)
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") != LUA_TUSERDATA ||
+      lua_rawlen(L, -1) < sizeof(ah_luv_ctx))
     return luaL_error(L, "luv is not loaded in this Lua state");
   ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lv = luv_state(L);
@@ -762,6 +818,7 @@ static int l_luv_attach(lua_State *L) {
   if (ctx->cb_pcall == ah_luv_cb_pcall) return 0;
   lv->ctx = ctx;
   lv->orig = ctx->cb_pcall;
+  if (ah_load_ptr(ah_luv_fallback) == NULL) ah_store_ptr(ah_luv_fallback, lv->orig);
   ctx->cb_pcall = ah_luv_cb_pcall;
   warm_registry(L);
   return 0;
@@ -769,9 +826,7 @@ static int l_luv_attach(lua_State *L) {
 
 /* luv_detach(): give cb_pcall back */
 static int l_luv_detach(lua_State *L) {
-  ah_luv *lv;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
+  ah_luv *lv = ah_luv_push(L);
   if (lv && lv->ctx && lv->ctx->cb_pcall == ah_luv_cb_pcall) lv->ctx->cb_pcall = lv->orig;
   return 0;
 }
@@ -781,8 +836,7 @@ static int l_luv_detach(lua_State *L) {
 static int l_luv_flags(lua_State *L) {
   ah_luv *lv;
   int flags = (int)luaL_checkinteger(L, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
+  lv = ah_luv_push(L);
   luaL_argcheck(L, lv != NULL && lv->ctx != NULL, 1, "luv integration not attached");
   lv->flags = flags;
   return 0;
@@ -790,7 +844,8 @@ static int l_luv_flags(lua_State *L) {
 
 static int l_luv_attached(lua_State *L) {
   ah_luv_ctx *ctx = NULL;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") == LUA_TUSERDATA)
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "luv_context") == LUA_TUSERDATA &&
+      lua_rawlen(L, -1) >= sizeof(ah_luv_ctx))
     ctx = (ah_luv_ctx *)lua_touserdata(L, -1);
   lua_pushboolean(L, ctx && ctx->cb_pcall == ah_luv_cb_pcall);
   return 1;

@@ -18,6 +18,9 @@ typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
 
 /* registry[&ah_luv_key]: one per Lua state, never collected before it */
 typedef struct ah_luv {
+  const void *null;   /* NULL: it is handed out as a light userdata too
+                      ** (RUN_LVP; see core.h, AH_NULLOBJ) */
+  const void *self;   /* this very struct (ah_luv_push checks it) */
   ah_luv_ctx *ctx;    /* NULL until attached */
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
@@ -42,7 +45,12 @@ typedef struct ah_luv {
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
 } ah_luv;
 
-extern const char ah_luv_key;
+extern const void *const ah_luv_key;
+ah_luv *ah_luv_push(lua_State *L);
+const struct ah_spec *ah_luv_spec(lua_State *L, const ah_luv *lv, int idx);
+/* luv's cb_pcall, kept for a state whose ah_luv the debug library took
+** away (luv keeps calling ours) */
+extern ah_luv_pcall ah_luv_fallback;
 
 /* user values of the ah_luv userdata */
 enum {
@@ -61,6 +69,7 @@ enum { W_HANDLE = 0, W_CREATE, W_CLOSE, W_REQ, W_WORK };
 ** state (records point to it).  User values: the op name (the luv
 ** function's name), the resource type (nil: the handle's type). */
 typedef struct ah_spec {
+  const void *self;   /* this very struct (ah_luv_spec checks it) */
   struct ah_luv *lv;  /* the state's (a spec belongs to one state) */
   lua_CFunction orig;
   int kind;
@@ -110,7 +119,7 @@ enum {
 ** into a record first.  Upvalues: */
 enum {
   Q_CB = 1, Q_FRAME, Q_ID, Q_TRIG,
-  Q_SPEC, /* the spec, a light pointer (anchored in LV_SPECS) */
+  Q_SPEC, /* the spec (its userdata: ah_luv_spec checks it) */
   Q_RES,  /* the resource once made (a table), else the handle (or nil) */
   Q_A1,   /* then, specs with named arguments: their values */
   Q_N = Q_RES
@@ -118,6 +127,19 @@ enum {
 
 /* upvalue of a record closure (rec_fn), after the shared ones */
 #define RF_REC lua_upvalueindex(AH_NUP + 1)
+
+/* Upvalues of the library's uv.run, after the shared ones: the ah_luv,
+** two nils, and last the mark that luv_dispatch.c's cb_pcall looks for in
+** the running function.  No other core closure has that many upvalues, so
+** none can hold the mark where it is looked for, whatever the debug
+** library put in its upvalues. */
+#define RUN_LV lua_upvalueindex(AH_NUP + 1)
+#define RUN_LVP lua_upvalueindex(AH_NUP + 2) /* RUN_LV as a light pointer (the
+                                             ** quickest to read: checked by
+                                             ** ah_luv_run, used by cb_pcall) */
+#define RUN_NUP (AH_NUP + 4)
+#define RUN_MARK_N RUN_NUP
+#define RUN_MARK lua_upvalueindex(RUN_MARK_N)
 
 /* the asyncId of the quick record at idx, and its triggerAsyncId (the
 ** dispatch reads them on every quick record's callback: inline) */
@@ -131,6 +153,13 @@ static inline lua_Integer ah_luv_q_ids(lua_State *L, int idx, lua_Integer *trigg
   return id;
 }
 
+
+/* the userdata at idx if it is a record of lv (ah_luv_record without the
+** record closures), for the dispatch's hot paths */
+static inline ah_rec *ah_luv_rec_at(lua_State *L, const ah_luv *lv, int idx) {
+  ah_rec *r = (ah_rec *)lua_touserdata(L, idx);
+  return r && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
+}
 
 /* luv_dispatch.c */
 int ah_luv_rec_call(lua_State *L);

@@ -107,8 +107,7 @@ int ah_luv_rec_call(lua_State *L) {
   lua_Integer id, pid, ptrig;
   luaL_checkstack(L, n + 24, "async_hooks");
   /* self: a record of this state (the metatable is reachable from Lua) */
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA)
-    r = ah_luv_record(L, (ah_luv *)lua_touserdata(L, -1), 1);
+  r = ah_luv_record(L, ah_luv_push(L), 1);
   lua_pop(L, 1);
   if (!r) return luaL_error(L, "bad self (async_hooks luv record expected)");
   s = ah_slot_of(L, st);
@@ -178,10 +177,13 @@ typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
 ** nothing (ah_flush's stack check fits in what ah_luv_run reserved).
 ** Returns 1 with the first error of the destroys' dispatches pushed. */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
-static AH_NOINLINE int flush_in_run(lua_State *L, ah_state *st) {
+static AH_NOINLINE int flush_in_run(lua_State *L, ah_luv *lv, ah_state *st) {
   int err;
   if (!st->luv_pending) return ah_flush_status(L, st);
-  lua_getiuservalue(L, RUN_LV, LV_FLUSH);
+  if (lua_touserdata(L, RUN_LV) == lv) /* (else: damaged, see ah_luv_run) */
+    lua_getiuservalue(L, RUN_LV, LV_FLUSH);
+  else
+    lua_pushnil(L);
   if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory: */
     lua_pop(L, 1);
     st->luv_pending = 0; /* the destroys without the Lua step, */
@@ -193,11 +195,26 @@ static AH_NOINLINE int flush_in_run(lua_State *L, ah_state *st) {
 }
 
 /* F[s] = the frame at idx, not anchored (dispatch_run holds it on the
-** stack meanwhile); counted like every frame write */
+** stack meanwhile); counted like every frame write.  The dispatch runs in
+** the frame of the library's uv.run, which checked its upvalues (an error
+** raised here would cross luv's C code): AH_UVI_*, unchecked */
 static void frame_write(lua_State *L, ah_state *st, int s, int idx) {
   lua_pushvalue(L, idx);
-  lua_rawseti(L, AH_UV_F, s);
+  lua_rawseti(L, AH_UVI_F, s);
   st->fgen++;
+}
+
+/* what the anchored switches of a callback's context write (anchors.c)
+** is there: tables where it needs tables (it raises otherwise, and the
+** dispatch must not raise); else the switch is left out */
+static AH_NOINLINE int switch_ok(lua_State *L) {
+  static const int keys[] = {AUX_PEND, AUX_TR, AUX_FRAME_PMT, AUX_FRAME_MT};
+  int i, ok = ah_tables_ok(L, AH_TALL) && ah_st_try(L) != NULL;
+  for (i = 0; ok && i < (int)(sizeof keys / sizeof keys[0]); i++) {
+    ok = lua_rawgeti(L, AH_UVI_AUX, keys[i]) == LUA_TTABLE;
+    lua_pop(L, 1);
+  }
+  return ok;
 }
 
 /* r: the record at base; q: base holds a quick record (r is NULL); neither:
@@ -217,10 +234,10 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   int switched = 0, err = 0;
   unsigned fgen;
   if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
-    lua_rawgeti(L, AH_UV_R, s);
+    lua_rawgeti(L, AH_UVI_R, s);
   else
     lua_pushboolean(L, 0);
-  lua_rawgeti(L, AH_UV_F, s);
+  lua_rawgeti(L, AH_UVI_F, s);
   if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
             ** caller read (the id pushed on st->cb); its kind is read if
             ** need be (the destroy of a request), its resource from it
@@ -247,7 +264,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
       switched = rframe != lua_topointer(L, pframe);
       if (switched) lua_getiuservalue(L, base, RV_FRAME); else lua_pushnil(L);
     } else if (had & A_FRAME)
-      lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+      lua_rawgeti(L, AH_UVI_AUX, AUX_EMPTY);
     else
       lua_pushnil(L);
     if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
@@ -268,10 +285,16 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
         st->slots[s].anchored |= A_FRAME;
       else
         st->slots[s].anchored &= ~A_FRAME;
+      if (r) { /* F[s] is its frame now: a re-arm from its callback finds
+               ** it there without reading F (luv.c's rearm) */
+        r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+        r->fgen = st->fgen;
+      }
       switched = 1;
     }
     fgen = st->fgen; /* before the before hook, which may write a frame */
-    if (had & A_RES) ah_set_resource(L, s, base + D_RES); /* nil: none */
+    if ((had & A_RES) && switch_ok(L))
+      ah_set_resource(L, s, base + D_RES); /* nil: none */
     lv->cur.rec = r;
     lv->cur.id = id;
     lv->cur.slot = s;
@@ -282,11 +305,11 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lv->cur.base = base;
     if (ah_unlikely(has_res && st->res_on)) { /* R[s] holds it (no search) */
       lua_pushvalue(L, base + D_RES);
-      lua_rawseti(L, AH_UV_R, s);
+      lua_rawseti(L, AH_UVI_R, s);
       lv->cur.wrote = 1;
     } else if (ah_unlikely(depth && !(had & A_RES))) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
-      lua_rawseti(L, AH_UV_R, s);
+      lua_rawseti(L, AH_UVI_R, s);
       lv->cur.wrote = 1;
     }
     st->active += 2; /* the callback, and its entry in st->cb */
@@ -313,10 +336,10 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lv->cur.wrote = 0;
     lv->cur.base = 0;
     if (had & A_RES) {
-      ah_set_resource(L, s, -1);
+      if (switch_ok(L)) ah_set_resource(L, s, -1);
     } else if (depth) { /* nested: R[s] may hold the outer one's */
       lua_pushboolean(L, 0);
-      lua_rawseti(L, AH_UV_R, s);
+      lua_rawseti(L, AH_UVI_R, s);
       lv->cur.wrote = 1;
     }
     lua_pop(L, 1);
@@ -337,18 +360,20 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     st->active--;
   }
   if (q && ah_unlikely(st->nhooks[AH_DESTROY])) { /* a request's (as a record's) */
+    const ah_spec *sp;
     lua_getupvalue(L, base, Q_SPEC);
-    oneshot = ((const ah_spec *)lua_touserdata(L, -1))->kind == W_REQ;
+    sp = ah_luv_spec(L, lv, -1);
+    oneshot = sp && sp->kind == W_REQ;
     lua_pop(L, 1);
   }
   if (oneshot && ah_unlikely(st->nhooks[AH_DESTROY])) ah_queue_destroy(st, id);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
   if (ah_unlikely((had | st->slots[s].anchored) & A_RES)) {
-    ah_set_resource(L, s, pres);
+    if (switch_ok(L)) ah_set_resource(L, s, pres);
   } else if (ah_unlikely(lv->cur.wrote)) {
     lua_pushvalue(L, pres);
-    lua_rawseti(L, AH_UV_R, s);
+    lua_rawseti(L, AH_UVI_R, s);
   }
   lv->cur = pcur;
   /* the frame: unchanged when nothing wrote one; only F[s] when only the
@@ -362,13 +387,13 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
                                               (had & A_FRAME));
     }
   } else {
-    lua_rawgeti(L, AH_UV_F, s);
-    if (!lua_rawequal(L, -1, pframe)) ah_set_frame(L, s, pframe);
+    lua_rawgeti(L, AH_UVI_F, s);
+    if (!lua_rawequal(L, -1, pframe) && switch_ok(L)) ah_set_frame(L, s, pframe);
     lua_pop(L, 1);
   }
   st->active--;
   if (ah_unlikely(st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
-    err = ah_keep_first(L, err, flush_in_run(L, st));
+    err = ah_keep_first(L, err, flush_in_run(L, lv, st));
   if (ah_unlikely(err)) luv_report(L, lv, flags);
   if (ah_likely(nresults == 0)) {
     lua_settop(L, base - 1);
@@ -387,9 +412,18 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 ** raise_last and the error.  Everything that can fail comes first: nothing
 ** has changed if it does. */
 #define E_LV lua_upvalueindex(AH_NUP + 1)
+/* the ah_luv of the enter/leave closure running (its E_LV, reachable
+** from Lua: checked) */
+static ah_luv *e_lv(lua_State *L, ah_state *st) {
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  if (lv == NULL || lv != st->lv)
+    luaL_error(L, "async_hooks: internal state damaged (upvalue %d)", AH_NUP + 1);
+  return lv;
+}
+
 static int luv_enter(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_luv *lv = e_lv(L, st);
   /* a quick record runs as its record (luv then calls the callback itself,
   ** which keeps its traceback whole) */
   ah_rec *r = lua_tocfunction(L, 1) == ah_luv_q_fn ? ah_luv_q_record(L, lv, 1)
@@ -448,7 +482,7 @@ static int luv_enter(lua_State *L) {
 ** is raised once all is done. */
 static int luv_leave(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
+  ah_luv *lv = e_lv(L, st);
   ah_rec *r = ah_luv_record(L, lv, 6);
   int s, err;
   lua_settop(L, 6);
@@ -522,7 +556,6 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   size_t depth = st->cb_n;
   int ret;
-  (void)lv;
   st->slots[s].id = st->slots[s].trigger = 0;
   st->active++;
   ret = lv->orig(L, nargs, nresults, flags);
@@ -543,8 +576,10 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
     st->active--;
     return ret;
   }
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lua_getiuservalue(L, -1, LV_LEAVE);
+  if (ah_luv_push(L) == lv)
+    lua_getiuservalue(L, -1, LV_LEAVE);
+  else
+    lua_pushnil(L); /* (damaged: the call below fails, nothing restored) */
   lua_remove(L, -2);
   lua_pushnil(L);
   lua_pushnil(L); /* the empty frame */
@@ -556,8 +591,6 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   return ret;
 }
 
-#define RUN_MARK lua_upvalueindex(AH_NUP + 2)
-#define RUN_LVP lua_upvalueindex(AH_NUP + 3) /* RUN_LV as a light pointer */
 
 /* The inline path of a quick record (the caller checked all but the room
 ** in st->cb): a function of its own, apart from the rest, so that it is a
@@ -567,6 +600,8 @@ static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
                                   int base, int nargs, int nresults, int flags) {
   lua_Integer qtrig;
   if (ah_unlikely(!cb_push(st, ah_luv_q_ids(L, base, &qtrig)))) {
+    if (lua_touserdata(L, RUN_LV) != lv) /* (damaged: see ah_luv_run) */
+      return lv->orig(L, nargs, nresults, flags);
     lua_pushvalue(L, RUN_LV);
     return dispatch_slow(L, lv, nargs, nresults, flags);
   }
@@ -592,23 +627,30 @@ static int in_walk(lua_State *L, const ah_luv *lv) {
   return f == lv->walk;
 }
 
-/* Every case (ah_luv_cb_pcall below takes the common ones first). */
+/* Every case (ah_luv_cb_pcall below takes the common ones first).  The
+** state, the ah_luv and the records come from places reachable from Lua:
+** each is checked, and what fails runs the callback as luv would. */
 static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int flags) {
-  ah_luv *lv;
-  ah_state *st;
+  ah_luv *lv = NULL;
+  ah_state *st = NULL;
   ah_rec *r;
   uintptr_t s;
   int base, known, in_run, q;
   in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
   if (in_run) { /* inside the library's uv.run: its upvalues are ours */
-    lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
-  } else {
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-    lv = (ah_luv *)lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    if (in_walk(L, lv)) return lv->orig(L, nargs, nresults, flags | lv->flags);
+    lv = (ah_luv *)lua_touserdata(L, RUN_LVP); /* (checked by ah_luv_run) */
+    st = lv->st;
   }
-  st = lv->st;
+  if (!in_run) {
+    lv = ah_luv_push(L);
+    lua_pop(L, 1);
+    if (lv == NULL) { /* the debug library took it away: luv's own */
+      ah_luv_pcall orig = ah_load_ptr(ah_luv_fallback);
+      return orig(L, nargs, nresults, flags);
+    }
+    if (in_walk(L, lv)) return lv->orig(L, nargs, nresults, flags | lv->flags);
+    st = lv->st;
+  }
   if (ah_unlikely(st->ov.slot)) {
     /* inside a coroutine's before/after emitted from its resumer (a hook
     ** that runs the loop): the callback's context is its own */
@@ -637,8 +679,8 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
       /* a re-armed slot's closure (luv.c's rearm makes them, always with
       ** a record of this state): luv runs the record from here on */
       lua_getupvalue(L, fi, 1);
-      r = (ah_rec *)lua_touserdata(L, -1);
-      lua_replace(L, fi);
+      if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) lua_replace(L, fi);
+      else lua_pop(L, 1);
     } else if (f == ah_luv_q_fn) {
       q = 1; /* a quick record (luv.h) */
     } else if (lua_type(L, fi) != LUA_TFUNCTION || lv->closures) {
@@ -658,7 +700,11 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
     if (q) return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
     return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
   }
-  if (in_run) lua_pushvalue(L, RUN_LV); else lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  if (in_run) lua_pushvalue(L, RUN_LV);
+  else if (ah_luv_push(L) != lv) { /* (changed meanwhile: damaged) */
+    lua_pop(L, 1);
+    return lv->orig(L, nargs, nresults, flags);
+  }
   return dispatch_slow(L, lv, nargs, nresults, flags);
 }
 
@@ -668,6 +714,7 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
 ** through cb_pcall_full, which checks everything again. */
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key)) {
+    /* the frame of the library's uv.run, which checked RUN_LVP */
     ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
     ah_state *st = lv->st;
     uintptr_t s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
@@ -686,16 +733,19 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
         } else if (f == ah_luv_rec_fn1 || f == ah_luv_rec_fn) {
           /* a record's closure (luv.c makes them, always with a record of
           ** this state: a re-armed slot's, or a registration luv takes only
-          ** a function for) */
+          ** a function for; its upvalue is reachable from Lua: checked) */
           if (keys && lv->closures) { /* (the record path is inlined here
             ** and below: one copy for both measured 9 instructions more per
             ** step of a re-armed timer chain, 3447 against 3438) */
             ah_rec *r;
             lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? 1 : AH_NUP + 1);
-            r = (ah_rec *)lua_touserdata(L, -1);
-            lua_replace(L, base); /* the record, as cb_pcall_full reads it */
-            if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
-              return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+            if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {
+              lua_replace(L, base); /* the record, as cb_pcall_full reads it */
+              if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
+                return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+            } else {
+              lua_pop(L, 1);
+            }
           }
           root = 0;
         } else if (f || lua_type(L, base) != LUA_TFUNCTION) {
@@ -719,13 +769,19 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
 ** delivers them (Lua code runs there only inside callbacks), so they arrive
 ** at the latest on the next loop iteration. */
 int ah_luv_run(lua_State *L) {
-  ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LV);
+  ah_state *st = ah_st(L);
+  ah_luv *lv = st->lv;
+  /* the dispatch uses this frame's upvalues unchecked (it must not raise):
+  ** they are checked here, before the loop runs */
+  if (lv == NULL || lua_touserdata(L, RUN_LV) != lv || lv->run == NULL ||
+      lua_touserdata(L, RUN_LVP) != lv || !ah_tables_ok(L, AH_TALL))
+    return luaL_error(L, "async_hooks: internal state damaged (uv.run)");
   /* room for what dispatch_run pushes: luv pushes each callback and its
   ** arguments inside this very frame (a C call, not a Lua call), whose
   ** reserved top the collector never shrinks below; dispatch_run runs only
   ** when this frame is the running one (RUN_MARK) */
   luaL_checkstack(L, AH_RUN_STACK, "async_hooks");
-  ah_flush_maybe(L, lv->st);
+  ah_flush_maybe(L, st);
   return lv->run(L);
 }
 

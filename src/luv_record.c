@@ -14,6 +14,21 @@
 */
 #include "luv.h"
 
+/* push registry[&ah_luv_key]; the state's ah_luv if that is one (the
+** registry is reachable from Lua), else NULL */
+ah_luv *ah_luv_push(lua_State *L) {
+  ah_luv *lv;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  lv = (ah_luv *)lua_touserdata(L, -1);
+  return lv && lua_rawlen(L, -1) == sizeof(ah_luv) && lv->self == lv ? lv : NULL;
+}
+
+/* the spec at idx if it is one of lv's, else NULL */
+const ah_spec *ah_luv_spec(lua_State *L, const ah_luv *lv, int idx) {
+  const ah_spec *sp = (const ah_spec *)ah_testself(L, idx, sizeof(ah_spec));
+  return sp && lv && sp->lv == lv ? sp : NULL;
+}
+
 /* The record as a function, for the luv functions that accept nothing
 ** else (new_async, new_work): a closure with the record as last upvalue. */
 int ah_luv_rec_fn(lua_State *L) {
@@ -39,18 +54,20 @@ int ah_luv_rec_fn1(lua_State *L) {
 ** record's size whose first field is lv (a table's raw length is its
 ** border, which can be anything: the type is tested first) */
 static int is_record(lua_State *L, const ah_luv *lv, int idx) {
-  return lua_type(L, idx) == LUA_TUSERDATA && lua_rawlen(L, idx) == sizeof(ah_rec) &&
-         ((const ah_rec *)lua_touserdata(L, idx))->lv == lv;
+  const ah_rec *r = (const ah_rec *)lua_touserdata(L, idx);
+  return r && lv && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv;
 }
 
 /* the record at idx, or NULL (a userdata of a record's size whose first
-** field is this state's ah_luv); a record closure at idx is replaced by its
-** record */
+** field is this state's ah_luv: what luv holds and the record closures'
+** upvalues are reachable from Lua); a record closure at idx is replaced
+** by its record */
 ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
-  ah_rec *r;
-  if (lua_rawlen(L, idx) != sizeof(ah_rec)) { /* 0 for functions */
+  ah_rec *r = (ah_rec *)lua_touserdata(L, idx);
+  if (r == NULL) { /* not a userdata: a record closure? */
     lua_CFunction f = lua_tocfunction(L, idx);
     int up;
+    if (f == NULL || lv == NULL) return NULL;
     if (f == ah_luv_q_fn) up = Q_RES; /* its record, once made (q_record) */
     else if (!lv->closures) return NULL;
     else if (f == ah_luv_rec_fn1) up = 1;
@@ -63,9 +80,9 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
       return NULL;
     }
     lua_replace(L, idx);
+    if ((r = (ah_rec *)lua_touserdata(L, idx)) == NULL) return NULL;
   }
-  r = (ah_rec *)lua_touserdata(L, idx); /* NULL for a string or table */
-  return r && r->lv == lv ? r : NULL;
+  return lv && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
 }
 
 /* The record of a quick record, for the paths that need one (the slow
@@ -73,11 +90,14 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
 ** its fields, the values at base .. top (its upvalues, in order), which are
 ** replaced by it; kept in its Q_RES from then on, so that every path finds
 ** the same record, and the same resource.  Allocates. */
-static ah_rec *q_build(lua_State *L, int base) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, base + Q_SPEC - 1);
+static ah_rec *q_build(lua_State *L, const ah_luv *lv, int base) {
+  const ah_spec *sp = ah_luv_spec(L, lv, base + Q_SPEC - 1);
   int i, rec;
   ah_rec *r;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
+  if (sp == NULL || ah_luv_push(L) != lv ||
+      lua_getiuservalue(L, -1, LV_RECMT) != LUA_TTABLE)
+    luaL_error(L, "async_hooks: internal state damaged (a luv quick record)");
+  lua_pop(L, 1);
   r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N + sp->nf);
   rec = lua_gettop(L);
   r->lv = sp->lv;
@@ -88,8 +108,10 @@ static ah_rec *q_build(lua_State *L, int base) {
   r->fslot = AH_FSLOT_MAX;
   r->fgen = 0;
   r->flags = sp->kind == W_REQ ? REC_ONESHOT : 0;
-  lua_getiuservalue(L, rec - 1, LV_RECMT);
-  lua_setmetatable(L, rec);
+  if (lua_getiuservalue(L, rec - 1, LV_RECMT) == LUA_TTABLE) /* (again: a */
+    lua_setmetatable(L, rec); /* finalizer may have run since) */
+  else
+    lua_pop(L, 1);
   lua_pushvalue(L, base + Q_CB - 1);
   lua_setiuservalue(L, rec, RV_CB);
   lua_pushvalue(L, base + Q_FRAME - 1);
@@ -115,8 +137,9 @@ ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx) {
   if ((r = ah_luv_record(L, lv, idx)) != NULL) return r; /* made before */
   luaL_checkstack(L, Q_N + 8, "async_hooks");
   base = lua_gettop(L) + 1;
-  while (lua_getupvalue(L, idx, lua_gettop(L) - base + 2)) {}
-  r = q_build(L, base);
+  while (lua_gettop(L) - base + 1 < Q_N + 2 &&
+         lua_getupvalue(L, idx, lua_gettop(L) - base + 2)) {}
+  r = q_build(L, lv, base);
   lua_pushvalue(L, -1);
   lua_setupvalue(L, idx, Q_RES);
   lua_replace(L, idx);
@@ -127,14 +150,25 @@ ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx) {
 ** uninstall(), or a caller that is not luv): its record is called (its
 ** __call enters the context, calls the callback protected, restores) */
 int ah_luv_q_fn(lua_State *L) {
-  const ah_spec *sp = (const ah_spec *)lua_touserdata(L, lua_upvalueindex(Q_SPEC));
   int n = lua_gettop(L), i;
+  const ah_spec *sp;
+  ah_luv *lv;
   luaL_checkstack(L, Q_N + 8, "async_hooks");
-  if (is_record(L, sp->lv, lua_upvalueindex(Q_RES))) {
+  lv = ah_luv_push(L); /* (its upvalues are reachable from Lua: checked) */
+  lua_pop(L, 1);
+  if ((sp = ah_luv_spec(L, lv, lua_upvalueindex(Q_SPEC))) == NULL) {
+    /* the debug library damaged the luv integration: the callback alone,
+    ** in no context of its own (an error here would end the process) */
+    lua_pushvalue(L, lua_upvalueindex(Q_CB));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+  }
+  if (is_record(L, lv, lua_upvalueindex(Q_RES))) {
     lua_pushvalue(L, lua_upvalueindex(Q_RES)); /* made before */
   } else {
     for (i = 1; i <= Q_N + sp->nf; i++) lua_pushvalue(L, lua_upvalueindex(i));
-    q_build(L, n + 1);
+    q_build(L, lv, n + 1);
     lua_copy(L, -1, lua_upvalueindex(Q_RES));
   }
   lua_insert(L, 1);
@@ -168,27 +202,31 @@ void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1,
   }
 }
 
-/* push the spec sp (anchored in the state's LV_SPECS) */
+/* push the spec sp (anchored in the state's LV_SPECS; raises if the debug
+** library took it away) */
 static void push_spec(lua_State *L, const ah_spec *sp) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lua_getiuservalue(L, -1, LV_SPECS);
+  if (ah_luv_push(L) != sp->lv || lua_getiuservalue(L, -1, LV_SPECS) != LUA_TTABLE)
+    luaL_error(L, "async_hooks: internal state damaged (the luv specs)");
   lua_rawgetp(L, -1, sp);
   lua_replace(L, -3);
   lua_pop(L, 1);
+  if (ah_luv_spec(L, sp->lv, -1) != sp)
+    luaL_error(L, "async_hooks: internal state damaged (the luv specs)");
 }
 
 /* the resource of the quick record at idx, made now if need be (and kept
 ** in its Q_RES, or in its record once it has one, so that a handle's keeps
 ** its identity); pushes it */
-static void q_resource(lua_State *L, int idx) {
+static void q_resource(lua_State *L, const ah_luv *lv, int idx) {
   const ah_spec *sp;
   int top = lua_gettop(L);
   idx = lua_absindex(L, idx);
   if (lua_getupvalue(L, idx, Q_RES) && lua_type(L, -1) == LUA_TTABLE) return;
   luaL_checkstack(L, 8, "async_hooks");
   lua_getupvalue(L, idx, Q_SPEC);
-  sp = (const ah_spec *)lua_touserdata(L, -1);
+  sp = ah_luv_spec(L, lv, -1);
   lua_pop(L, 1);
+  if (sp == NULL) luaL_error(L, "async_hooks: internal state damaged (a luv quick record)");
   if (is_record(L, sp->lv, -1)) { /* its record's */
     ah_rec *r = (ah_rec *)lua_touserdata(L, -1);
     if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, -1);
@@ -234,7 +272,7 @@ static int run_frame(lua_State *L, lua_Debug *ar) {
   for (level = 1; lua_getstack(L, level, ar); level++) {
     int run = 0;
     lua_getinfo(L, "f", ar); /* the function of that level */
-    if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, AH_NUP + 2)) {
+    if (lua_tocfunction(L, -1) && lua_getupvalue(L, -1, RUN_MARK_N)) {
       run = lua_touserdata(L, -1) == (void *)&ah_luv_key;
       lua_pop(L, 1);
     }
@@ -274,17 +312,14 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s) {
   ah_rec *r = NULL;
   ah_luv *lv = NULL;
   luaL_checkstack(L, 6, "async_hooks");
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key) == LUA_TUSERDATA) {
-    lv = (ah_luv *)lua_touserdata(L, -1);
-    r = ah_luv_record(L, lv, top);
-  }
+  if ((lv = ah_luv_push(L)) != NULL) r = ah_luv_record(L, lv, top);
   lua_settop(L, top);
   if (!r && lv && lv->cur.base && lv->cur.id == st->slots[s].id && lv->cur.slot == s &&
       push_cur_local(L, lv, 0)) { /* the (quick) record that runs inline */
     lua_Integer trigger;
     if (lua_tocfunction(L, top + 1) == ah_luv_q_fn) {
       if (ah_luv_q_ids(L, top + 1, &trigger) == st->slots[s].id) {
-        q_resource(L, top + 1);
+        q_resource(L, lv, top + 1);
         lua_replace(L, top);
         lua_settop(L, top);
         return 1;

@@ -19,6 +19,8 @@
 #include "core.h"
 
 typedef struct ah_guard {
+  const ah_state *st; /* first: what marks a guard of this state (the
+                      ** debug library can give its metatable to others) */
   lua_Integer id, trigger, prev_id, prev_trigger;
   int on_main;
   int closed;
@@ -44,13 +46,14 @@ static int l_enter_scope(lua_State *L) {
   luaL_checkstack(L, 20, "async_hooks"); /* before anything changes */
   s = ah_slot_of(L, st);
   g = (ah_guard *)lua_newuserdatauv(L, sizeof(ah_guard), G_NUV); /* 5 */
+  g->st = st;
   g->id = id;
   g->trigger = trigger;
   g->prev_id = st->slots[s].id;
   g->prev_trigger = st->slots[s].trigger;
   g->on_main = L == st->mainL;
   g->closed = g->out = 0;
-  lua_rawgeti(L, AH_UV_AUX, AUX_GUARD_MT);
+  ah_auxt(L, AUX_GUARD_MT);
   lua_setmetatable(L, 5);
   lua_rawgeti(L, AH_UV_R, s);
   lua_setiuservalue(L, 5, G_PREV_RES);
@@ -114,16 +117,9 @@ static int close_guard(lua_State *L, ah_state *st, ah_guard *g, int gidx) {
 static int guard_close(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_guard *g;
-  int ok;
   /* the metatable is reachable from Lua: check self is a guard */
-  ok = lua_getmetatable(L, 1);
-  if (ok) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_GUARD_MT);
-    ok = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-  }
-  if (!ok) return luaL_typeerror(L, 1, "async_hooks.scope");
-  g = (ah_guard *)lua_touserdata(L, 1);
+  g = (ah_guard *)ah_testudata(L, 1, sizeof(ah_guard), st);
+  if (!g) return luaL_typeerror(L, 1, "async_hooks.scope");
   if (g->closed) return 0;
   /* an error of a dispatch is the scope exit's, raised once it is left */
   if (ah_unlikely(close_guard(L, st, g, 1))) return ah_raise(L);
@@ -189,8 +185,10 @@ int ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
 ** outermost on top); returns how many */
 static int push_guards(lua_State *L, int thread_idx) {
   int n = 0;
+  const ah_state *st = ah_st(L);
   ah_get_guard(L, thread_idx);
-  while (lua_type(L, -1) == LUA_TUSERDATA) {
+  /* (guards only: the chain is reachable from Lua) */
+  while (ah_testudata(L, -1, sizeof(ah_guard), st) != NULL) {
     n++;
     luaL_checkstack(L, 4, "async_hooks: too many open scopes");
     lua_getiuservalue(L, -1, G_PREV_GUARD);

@@ -41,7 +41,7 @@ static int grow(lua_State *L, ah_state *st) {
   if (ncap <= ocap || (size_t)ncap > SIZE_MAX / sizeof(ah_slot)) return 0;
   /* AUX_PEND gets an entry for every new slot first (see ah_pend_set);
   ** raw sets run no finalizer */
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND);
+  ah_auxt(L, AUX_PEND);
   for (i = ocap; i < ncap; i++) {
     lua_pushboolean(L, 0);
     lua_rawseti(L, -2, i);
@@ -54,7 +54,7 @@ static int grow(lua_State *L, ah_state *st) {
   }
   memcpy(n, st->slots, sizeof(ah_slot) * (size_t)ocap);
   memset(n + ocap, 0, sizeof(ah_slot) * (size_t)(ncap - ocap));
-  lua_rawseti(L, AH_UV_AUX, AUX_SLOTS); /* an array slot: no allocation */
+  ah_anchor_slots(L); /* no allocation */
   st->slots = n;
   st->heap_stale = 0;
   for (i = ncap - 1; i >= ocap; i--) push_free(st, i);
@@ -114,8 +114,8 @@ void ah_rearm(lua_State *L, ah_state *st) {
 ** (allocates, can run finalizers: callers arm before anything changes) */
 void ah_arm_anchors(lua_State *L, ah_state *st) {
   if (st->armed) return;
-  lua_newuserdatauv(L, 0, 0);
-  lua_rawgeti(L, AH_UV_AUX, AUX_PEND_MT);
+  *(void **)lua_newuserdatauv(L, sizeof(void *), 0) = NULL; /* (AH_NULLOBJ) */
+  ah_auxt(L, AUX_PEND_MT);
   lua_setmetatable(L, -2);
   lua_pop(L, 1);
   st->armed = 1;
@@ -176,7 +176,7 @@ static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
       lua_rawset(L, AH_UV_T);
     }
     if (res) {
-      lua_rawgeti(L, AH_UV_AUX, AUX_TR);
+      ah_auxt(L, AUX_TR);
       lua_pushvalue(L, -2);
       lua_pushnil(L);
       lua_rawset(L, -3);
@@ -184,6 +184,23 @@ static void drop_thread_anchors(lua_State *L, ah_state *st, int s) {
     }
   }
   lua_pop(L, 1);
+}
+
+/* the finalizer token of slot s is still the one its thread's anchor
+** (AUX_TGC[thread]) keeps alive: the debug library can take it away, and
+** then it may be freed (its finalizer, if it runs, frees a slot: no
+** memory) */
+static int tok_kept(lua_State *L, ah_state *st, int s) {
+  int top = lua_gettop(L), kept = 0;
+  if (lua_checkstack(L, 3) && lua_type(L, AH_UVI_AUX) == LUA_TTABLE &&
+      lua_type(L, AH_UVI_TH) == LUA_TTABLE &&
+      lua_rawgeti(L, AH_UVI_AUX, AUX_TGC) == LUA_TTABLE &&
+      lua_rawgeti(L, AH_UVI_TH, s) == LUA_TTHREAD) {
+    lua_rawget(L, -2);
+    kept = lua_touserdata(L, -1) == st->slots[s].gctok;
+  }
+  lua_settop(L, top);
+  return kept;
 }
 
 /* The thread of slot s finished for good (returned, or was closed): its
@@ -195,7 +212,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   if (ah_unlikely(sl->kind == AH_KMAIN)) return;
   if (ah_unlikely(sl->has_gc)) {
     if (sl->gctok) {
-      ((ah_cotok *)sl->gctok)->slot = -1;
+      if (tok_kept(L, st, s)) ((ah_cotok *)sl->gctok)->slot = -1;
     } else if (sl->anchored & A_TOKPEND) { /* ended before it needed one */
       tok_settled(st, s);
     }
@@ -203,7 +220,7 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   if (ah_likely(st->extra)) {
     ah_extra(sl->L) = AH_RELEASED;
   } else { /* TSLOT[thread] = false: the key exists, nothing allocates */
-    lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+    ah_auxt(L, AUX_TSLOT);
     if (lua_rawgeti(L, AH_UV_TH, s) == LUA_TTHREAD) {
       lua_pushboolean(L, 0);
       lua_rawset(L, -3);
@@ -221,16 +238,17 @@ void ah_release(lua_State *L, ah_state *st, int s) {
   free_slot(st, s);
   if (ah_unlikely(st->heap_stale)) { /* the array shrank back: let it go */
     lua_pushnil(L);
-    lua_rawseti(L, AH_UV_AUX, AUX_SLOTS);
+    ah_anchor_slots(L);
     st->heap_stale = 0;
   }
 }
 
 /* __gc of a coroutine token: the coroutine is gone. */
 static int cotok_gc(lua_State *L) {
-  ah_cotok *tok = (ah_cotok *)lua_touserdata(L, 1);
-  ah_state *st = tok->st;
-  int s = tok->slot;
+  /* (the metatable is reachable from Lua: only a token of this state) */
+  ah_state *st = ah_st(L);
+  ah_cotok *tok = (ah_cotok *)ah_testudata(L, 1, sizeof(ah_cotok), st);
+  int s = tok ? tok->slot : -1;
   if (s < 0 || st->closed) return 0;
   tok->slot = -1;
   thread_gone(L, st, s);
@@ -341,7 +359,7 @@ int ah_take_slot(lua_State *L, ah_state *st, lua_State *co,
 void ah_reserve_binding(lua_State *L, ah_state *st, int thread_idx) {
   (void)st;
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   lua_pushboolean(L, 0);
   lua_rawset(L, -3);
@@ -362,7 +380,7 @@ void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx) {
 /* the AUX_TSLOT half of ah_bind_thread */
 void ah_bind_thread_table(lua_State *L, int s, int thread_idx) {
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   lua_pushinteger(L, s);
   lua_rawset(L, -3);
@@ -378,7 +396,7 @@ int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx) {
     if (st->extra) return cs == AH_RELEASED ? -1 : 0;
   }
   if (thread_idx < 0) thread_idx = lua_absindex(L, thread_idx);
-  lua_rawgeti(L, AH_UV_AUX, AUX_TSLOT);
+  ah_auxt(L, AUX_TSLOT);
   lua_pushvalue(L, thread_idx);
   switch (lua_rawget(L, -2)) {
     case LUA_TNUMBER: {
@@ -399,7 +417,7 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
   ah_cotok *tok = (ah_cotok *)lua_newuserdatauv(L, sizeof(ah_cotok), 0);
   tok->st = st;
   tok->slot = -1; /* until it is the slot's */
-  lua_rawgeti(L, AH_UV_AUX, AUX_COTOK_MT);
+  ah_auxt(L, AUX_COTOK_MT);
   lua_setmetatable(L, -2);
   ah_aux_eph_set(L, AUX_TGC, thread_idx, -1);
   tok->slot = s;
