@@ -16,6 +16,18 @@ static lua_State *getco(lua_State *L) {
   return co;
 }
 
+/* push init's type and resource for the coroutine at thread_idx (slot
+** s): its {thread = co} only for hooks that can see it, else nil (made
+** when executionAsyncResource() asks, ah_push_resource_of) */
+static void push_init_args(lua_State *L, ah_state *st, int s, int thread_idx) {
+  luaL_checkstack(L, 16, "async_hooks");
+  lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
+  if (st->init_res)
+    ah_push_resource_of(L, st, s, thread_idx);
+  else
+    lua_pushnil(L);
+}
+
 /* register the coroutine at thread_idx, created by L, and emit its init */
 static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   int s = ah_slot_of(L, st), ns;
@@ -25,16 +37,9 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   ns = ah_register(L, st, thread_idx, -1, trigger, AH_KCORO);
   lua_pop(L, 1);
   if (ah_hooks_on(st, AH_INIT)) {
-    /* its resource ({thread = co}) only for hooks that can see it; else
-    ** made when executionAsyncResource() asks (ah_push_resource_of).  The
-    ** stack is reserved first: nothing allocates between the decision and
-    ** the dispatch (a finalizer cannot enable such a hook in between) */
-    luaL_checkstack(L, 16, "async_hooks");
-    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
-    if (st->init_res)
-      ah_push_resource_of(L, st, ns, thread_idx);
-    else
-      lua_pushnil(L);
+    /* the stack is reserved first: nothing allocates between the decision
+    ** and the dispatch (a finalizer cannot enable such a hook in between) */
+    push_init_args(L, st, ns, thread_idx);
     /* an error of the dispatch (not the hook's own) is create's, the
     ** coroutine registered all the same (unreachable, destroyed when
     ** collected: its init was delivered) */
@@ -115,12 +120,7 @@ static int adopt(lua_State *L, ah_state *st, int cs, int co_idx) {
   ** disable hooks (ah_emit_init_v emits nothing if none is left) */
   init = ah_hooks_on(st, AH_INIT);
   if (init) {
-    luaL_checkstack(L, 16, "async_hooks");
-    lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
-    if (st->init_res)
-      ah_push_resource_of(L, st, cs, co_idx);
-    else
-      lua_pushnil(L);
+    push_init_args(L, st, cs, co_idx);
   }
   /* (the steps above can run finalizers: cs is the thread's still, the
   ** caller holds it) */
