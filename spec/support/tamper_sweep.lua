@@ -27,7 +27,7 @@ function M.sweep(lua, mode, first, last, stride)
   local from = first or 1
   local tmp = os.tmpname()
   while true do
-    local cmd = ("ASAN_OPTIONS=detect_leaks=0:malloc_fill_byte=0 timeout %d %s %s %s %d %d %d >%s.out 2>%s.err")
+    local cmd = ("ASAN_OPTIONS=detect_leaks=0 timeout %d %s %s %s %d %d %d >%s.out 2>%s.err")
       :format(TIMEOUT, lua, DRIVER, mode, from, last or 1e9, stride or 1, tmp, tmp)
     local _, _, status = os.execute(cmd)
     local out, err = slurp(tmp .. ".out"), slurp(tmp .. ".err")
