@@ -904,8 +904,14 @@ describe("emitDestroy inside the resource's own scope", function()
     r:emitDestroy() -- once only
     h:disable()
     local R = tostring(r:asyncId())
+    -- R's events only: a coroutine an earlier spec left suspended can be
+    -- collected meanwhile (the GC stress runs), and gets its own destroy
+    local mine = {}
+    for _, e in ipairs(log) do
+      if e == "inner closed" or e:match(" (%d+)$") == R then mine[#mine + 1] = e end
+    end
     assert.same({ "before " .. R, "before " .. R, "after " .. R, "inner closed", "after " .. R,
-      "destroy " .. R }, log)
+      "destroy " .. R }, mine)
   end)
 
   it("is delivered once when its scope never closes", function()
