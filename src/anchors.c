@@ -4,13 +4,13 @@
 ** writes that go with them, and a thread's current resource (made on
 ** demand).
 **
-** Calls nothing above base.c; slots.c (slot lifetime) and the files above
-** it call in.  A luv callback's lazily made resource and a
-** coroutine's own resource under open scopes are reached through the
-** function pointers st->lazy_resource (luv.c) and st->own_resource
-** (scope.c).
+** Calls nothing above base.c; slots.c (slot lifetime) and the units above
+** it call in.  A luv callback's lazily made resource and a coroutine's own
+** resource under open scopes are reached through the function pointers
+** st->lazy_resource (luv/) and st->own_resource (scope.c).
 */
-#include "core.h"
+#include "anchors.h"
+#include "base.h"
 
 /* --------------------------------------------------------------------- */
 /* thread anchors                                                         */
@@ -225,7 +225,7 @@ void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
   anchor_frame(L, st, s, 0, idx);
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
-  st->fgen++; /* every write of F[s] is counted (luv.c's rearm, dispatch) */
+  st->fgen++; /* every write of F[s] is counted (luv/'s rearm, dispatch) */
 }
 
 /* make the value at idx (possibly nil) the current resource of L */
@@ -244,16 +244,15 @@ void ah_new_thread_resource(lua_State *L, int thread_idx) {
 
 /* push the current resource of the thread at thread_idx (slot s),
 ** materializing a thread's own resource table ({thread = co}) the first
-** time it is asked for, and a luv callback's (R[s] holds its trampoline
-** while its resource is not made: see luv.c) */
+** time it is asked for, and a luv callback's (R[s] holds its record while
+** its resource is not made: see luv/) */
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
   int t;
   thread_idx = lua_absindex(L, thread_idx);
   t = lua_rawgeti(L, AH_UV_R, s);
-  if ((t == LUA_TFUNCTION || t == LUA_TUSERDATA ||
-       (t != LUA_TTABLE && !lua_toboolean(L, -1) && st->cb_n &&
-        st->cb[st->cb_n - 1] == st->slots[s].id)) && /* a luv callback's */
-      st->lazy_resource && st->lazy_resource(L, st, s)) {
+  if (t != LUA_TTABLE && (t == LUA_TFUNCTION || t == LUA_TUSERDATA ||
+                          !lua_toboolean(L, -1)) &&
+      st->lazy_resource && st->lazy_resource(L, st, s, t)) { /* a callback's */
     set_resource_of(L, st, s, thread_idx, -1);
     return;
   }
@@ -268,7 +267,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
 }
 
 /* the resource of the coroutine whose before/after slot s is emitting
-** (see ah_ov in core.h): its slot's, made now if need be; if the hook
+** (see ah_ov in ah.h): its slot's, made now if need be; if the hook
 ** closed it meanwhile, the one it had (anchored by its thread), else a
 ** new one (nobody saw one) */
 static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
@@ -310,4 +309,25 @@ void ah_push_resource(lua_State *L, ah_state *st, int s) {
   lua_pushthread(L);
   ah_push_resource_of(L, st, s, -1);
   lua_remove(L, -2);
+}
+
+/* the anchor tables: AUX_PEND with an entry per inline slot (see
+** ah_pend_set), the thread-keyed ones, the top-level resource, the key of
+** a thread's resource */
+void ah_open_anchors(lua_State *L) {
+  int i;
+  lua_createtable(L, AH_INLINE, 0);
+  for (i = 1; i <= AH_INLINE; i++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, i);
+  }
+  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
+  for (i = AUX_TR; i <= AUX_TGC; i++) {
+    ah_weak_table(L, "k", 0);
+    lua_rawseti(L, AH_UV_AUX, i);
+  }
+  lua_newtable(L);
+  lua_rawseti(L, AH_UV_AUX, AUX_TOP);
+  lua_pushliteral(L, "thread");
+  lua_rawseti(L, AH_UV_AUX, AUX_KTHREAD);
 }

@@ -1,11 +1,11 @@
 /*
-** base.c - small helpers every other file may call: the bottom of the file
-** graph (it calls no other file of the core).
+** base.c - small helpers every other unit may call: the bottom of the
+** graph (it calls no other file of the core).  Also the error position
+** past the library's own Lua files (ah_where, set_libdir).
 */
-#include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "base.h"
 
 /* The state checked last (see ah_st), or else the address of this very
 ** variable: no userdata's block, nothing handed out as a light userdata,
@@ -29,6 +29,11 @@ ah_state *ah_st_check(lua_State *L, int raise) {
   if (!st->closed && ah_load_ptr(ah_known) == (ah_state *)(void *)&ah_known)
     ah_store_ptr(ah_known, st);
   return st;
+}
+
+void ah_st_forget(ah_state *st) {
+  if (ah_load_ptr(ah_known) == st)
+    ah_store_ptr(ah_known, (ah_state *)(void *)&ah_known);
 }
 
 /* the shared upvalue at idx is not a table (AH_UVT) */
@@ -146,20 +151,6 @@ int ah_callable(lua_State *L, int idx) {
   return 1;
 }
 
-/* queue the destroy of id, delivered by ah_flush (hooks.c); runs in
-** finalizers: no Lua call, no error */
-void ah_queue_destroy(ah_state *st, lua_Integer id) {
-  if (ah_unlikely(st->closed)) return; /* lua_close: nothing allocates */
-  if (st->dq_n == st->dq_cap) {
-    size_t ncap = st->dq_cap ? st->dq_cap * 2 : 16;
-    lua_Integer *n = realloc(st->dq, ncap * sizeof(lua_Integer));
-    if (!n) return; /* out of memory in a finalizer: the event is lost */
-    st->dq = n;
-    st->dq_cap = ncap;
-  }
-  st->dq[st->dq_n++] = id;
-}
-
 /* luaL_where(L, level), past the frames of the library's own Lua files
 ** (AUX_LIBDIR): a public function written in Lua that the user called in
 ** tail position has no caller frame left, and the next frame may be a
@@ -177,4 +168,22 @@ void ah_where(lua_State *L, int level) {
     level++;
   lua_pop(L, 1); /* (AUX keeps dir alive) */
   luaL_where(L, level);
+}
+
+/* set_libdir(dir): the folder of the library's Lua files (see ah_where) */
+static int l_set_libdir(lua_State *L) {
+  luaL_checkstring(L, 1);
+  lua_settop(L, 1);
+  lua_rawseti(L, AH_UV_AUX, AUX_LIBDIR);
+  return 0;
+}
+
+static const luaL_Reg base_funcs[] = {
+  {"set_libdir", l_set_libdir},
+  {NULL, NULL}
+};
+
+void ah_open_base(lua_State *L) {
+  ah_new_metatable(L, "async_hooks.internal", NULL, NULL, AUX_INTERNAL_MT);
+  ah_add_funcs(L, base_funcs);
 }

@@ -8,7 +8,13 @@
 ** tests.  With before/after/destroy hooks enabled it emits them around
 ** the resume slice, in the coroutine's context.
 */
-#include "core.h"
+#include "coro.h"
+#include "base.h"
+#include "slots.h"
+#include "anchors.h"
+#include "hooks.h"
+#include "queue.h"
+#include "scope.h"
 
 static lua_State *getco(lua_State *L) {
   lua_State *co = lua_tothread(L, 1);
@@ -96,7 +102,7 @@ static int co_create(lua_State *L) {
       st->slots[ns].anchored |= A_FRAME | AKEY_FRAME;
     }
     lua_rawseti(L, AH_UV_F, ns);
-    st->fgen++; /* frame writes are counted (see luv.c's rearm) */
+    st->fgen++; /* frame writes are counted (see luv/'s rearm) */
     return 1;
   }
   init_coroutine(L, st, top);
@@ -169,7 +175,7 @@ static int suspended(lua_State *co) {
 /* emit `kind` for the coroutine co (asyncId id, triggerAsyncId trigger),
 ** which has or had slot cs, as if it ran: the resumer's ids are the
 ** coroutine's meanwhile, and its resource is reported as the resumer's
-** (st->ov, see core.h): nothing is written to a table */
+** (st->ov, see ah.h): nothing is written to a table */
 static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
                     lua_State *co, lua_Integer id, lua_Integer trigger) {
   int s, err;
@@ -490,8 +496,11 @@ static const luaL_Reg coro_funcs[] = {
   {NULL, NULL}
 };
 
-/* module table on top: adds module.coro = {create, wrap, resume, close} */
+/* module table on top: adds module.coro = {create, wrap, resume, close};
+** init's type of a coroutine, made once (not re-interned per init) */
 void ah_open_coro(lua_State *L) {
+  lua_pushliteral(L, "coroutine");
+  lua_rawseti(L, AH_UV_AUX, AUX_TCORO);
   lua_createtable(L, 0, 4);
   ah_add_funcs(L, coro_funcs);
   lua_setfield(L, -2, "coro");

@@ -9,16 +9,20 @@
 ** shadows the default.  The frame metatable's __close restores a frame, which
 ** lets Lua code write scopes as `local prev <close> = enter(...)`.
 */
-#include "core.h"
+#include "frames.h"
+#include "base.h"
+#include "slots.h"
+#include "anchors.h"
+#include "hooks.h"
 
 #define AH_TOKEN_MAGIC 0x41484c54u
 
 typedef struct ah_token {
-  const void *null; /* (see core.h, AH_NULLOBJ) */
+  const void *null; /* (see ah.h, AH_NULLOBJ) */
   unsigned int magic;
 } ah_token;
 
-static const void *const ah_nilv = NULL; /* (see core.h, AH_NULLOBJ) */
+static const void *const ah_nilv = NULL; /* (see ah.h, AH_NULLOBJ) */
 #define NILV ((void *)&ah_nilv)
 
 /* 1 with the token of the AsyncLocal at idx pushed, or 0 */
@@ -255,7 +259,7 @@ static int l_swap(lua_State *L) {
 static int frame_close(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_set_frame(L, ah_slot_of(L, st), 1);
-  if (ah_unlikely(st->dq_n || st->luv_pending) && L == st->mainL)
+  if (ah_unlikely(st->dq_n || st->notify_pending) && L == st->mainL)
     ah_flush_maybe(L, st);
   return 0;
 }
@@ -323,16 +327,7 @@ static int l_frame_size(lua_State *L) {
   return 1;
 }
 
-/* set_libdir(dir): the folder of the library's Lua files (see ah_where) */
-static int l_set_libdir(lua_State *L) {
-  luaL_checkstring(L, 1);
-  lua_settop(L, 1);
-  lua_rawseti(L, AH_UV_AUX, AUX_LIBDIR);
-  return 0;
-}
-
 static const luaL_Reg frame_funcs[] = {
-  {"set_libdir", l_set_libdir},
   {"get", l_get},
   {"set", l_set},
   {"enter", l_enter_frame},

@@ -1,7 +1,6 @@
 /*
 ** hooks.c - createHook's machinery: the enabled hook set, per-kind counters,
-** dispatch with deferred enable/disable, the destroy queue, and the ids and
-** GC tokens behind AsyncResource.
+** dispatch with deferred enable/disable, the delivery of queued destroys.
 **
 ** The set of enabled hooks is an ordered array (AUX_ORDER).  Dispatch reads
 ** per-kind arrays of functions (AUX_LISTS) that are rebuilt, never edited,
@@ -15,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "hooks.h"
+#include "base.h"
+#include "slots.h"
 
 static const char *const kind_names[AH_NKINDS + 1] = {
   NULL, "init", "before", "after", "destroy"
@@ -101,15 +102,14 @@ static void commit(lua_State *L, ah_state *st) {
   st->dirty = 0;
   st->watched = st->res_on || st->nhooks[AH_INIT] || st->nhooks[AH_BEFORE] ||
                 st->nhooks[AH_AFTER] || st->nhooks[AH_DESTROY];
-  if (had != (st->nhooks[AH_DESTROY] != 0)) st->luv_pending = 1;
+  if (had != (st->nhooks[AH_DESTROY] != 0)) st->notify_pending = 1;
 }
 
 /* tell whoever registered with on_destroy_hooks whether destroy hooks
-** exist (the luv integration no longer does: its uv.run and callback exits
-** deliver queued destroys); Lua code: only where raising is fine */
-void ah_luv_notify(lua_State *L, ah_state *st) {
-  st->luv_pending = 0;
-  if (lua_rawgeti(L, AH_UV_AUX, AUX_LUV) == LUA_TFUNCTION) {
+** exist; Lua code: only where raising is fine */
+void ah_notify_destroy_hooks(lua_State *L, ah_state *st) {
+  st->notify_pending = 0;
+  if (lua_rawgeti(L, AH_UV_AUX, AUX_ONDESTROY) == LUA_TFUNCTION) {
     lua_pushboolean(L, st->nhooks[AH_DESTROY] != 0);
     lua_call(L, 1, 0);
   } else {
@@ -131,7 +131,7 @@ static int changed(lua_State *L, ah_state *st) {
     return 1;
   }
   commit(L, st);
-  if (st->luv_pending) ah_luv_notify(L, st);
+  if (st->notify_pending) ah_notify_destroy_hooks(L, st);
   return 1;
 }
 
@@ -206,9 +206,9 @@ static int l_hook_disable(lua_State *L) {
 static int l_on_destroy_hooks(lua_State *L) {
   if (!lua_isnil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_settop(L, 1);
-  lua_rawgeti(L, AH_UV_AUX, AUX_LUV);
+  lua_rawgeti(L, AH_UV_AUX, AUX_ONDESTROY);
   lua_pushvalue(L, 1);
-  lua_rawseti(L, AH_UV_AUX, AUX_LUV);
+  lua_rawseti(L, AH_UV_AUX, AUX_ONDESTROY);
   return 1;
 }
 
@@ -421,7 +421,7 @@ static void outermost_end(lua_State *L, ah_state *st) {
 ** the list has one function, the common case, else run_hooks and the list;
 ** the arguments are id and, for init (type_idx != 0), the type at
 ** type_idx, the trigger and the resource at res_idx.  Returns 0, or 1 with
-** the error pushed (see core.h): the event reached every hook all the
+** the error pushed (see hooks.h): the event reached every hook all the
 ** same.  A hook's own error ends the process (hook_msgh).  Allocates
 ** nothing and raises nothing once the caller made room for 8 values (12
 ** for init; the end of the dispatch only swaps prepared lists in): callers
@@ -539,7 +539,7 @@ int ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
 /* --------------------------------------------------------------------- */
 /* destroy queue                                                           */
 
-/* ah_queue_destroy is in base.c (slots.c queues from a finalizer) */
+/* ah_queue_destroy is queue.c's (slots.c queues from a finalizer) */
 
 /* deliver queued destroys, in queue order, including those queued while
 ** delivering; callers make sure no callback, resume or dispatch is active.
@@ -553,7 +553,7 @@ int ah_flush_status(lua_State *L, ah_state *st) {
   ** scope or a coroutine): the next flush point outside delivers them */
   if (ah_unlikely(ah_in_finalizer(L))) return 0;
   luaL_checkstack(L, 16, "async_hooks"); /* the only steps that can fail */
-  if (st->luv_pending) ah_luv_notify(L, st);
+  if (st->notify_pending) ah_notify_destroy_hooks(L, st);
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {
     if (!st->nhooks[AH_DESTROY]) break;
@@ -578,110 +578,16 @@ static int l_flush(lua_State *L) {
   return 0;
 }
 
-/* --------------------------------------------------------------------- */
-/* AsyncResource support                                                   */
-
-typedef struct ah_gctok {
-  ah_state *st;
-  lua_Integer id;
-  int done;
-} ah_gctok;
-
-/* new_ids([trigger]) -> asyncId, triggerAsyncId */
-static int l_new_ids(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer trigger;
-  if (lua_isnoneornil(L, 1))
-    trigger = st->slots[ah_slot_of(L, st)].id;
-  else
-    trigger = luaL_checkinteger(L, 1);
-  lua_pushinteger(L, st->next_id++);
-  lua_pushinteger(L, trigger);
-  return 2;
-}
-
-/* emit_init(id, type, trigger, resource) */
-static int l_emit_init(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer id = luaL_checkinteger(L, 1);
-  const char *type = luaL_checkstring(L, 2);
-  lua_Integer trigger = luaL_checkinteger(L, 3);
-  if (ah_emit_init(L, st, id, type, trigger, 4)) return ah_raise(L);
-  return 0;
-}
-
-static int gctok_gc(lua_State *L) {
-  /* (the metatable is reachable from Lua: only a token of this state) */
-  ah_gctok *t = (ah_gctok *)ah_testudata(L, 1, sizeof(ah_gctok), ah_st(L));
-  if (t && !t->done && !t->st->closed && t->st->nhooks[AH_DESTROY])
-    ah_queue_destroy(t->st, t->id);
-  if (t) t->done = 1;
-  return 0;
-}
-
-/* gc_token(id): queues destroy(id) when collected, unless cancelled */
-static int l_gc_token(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer id = luaL_checkinteger(L, 1);
-  ah_gctok *t = (ah_gctok *)lua_newuserdatauv(L, sizeof(ah_gctok), 0);
-  t->st = st;
-  t->id = id;
-  t->done = 0;
-  ah_auxt(L, AUX_GCTOK_MT);
-  lua_setmetatable(L, -2);
-  return 1;
-}
-
-/* the GC token at idx, or NULL */
-static ah_gctok *gc_token_at(lua_State *L, int idx) {
-  ah_gctok *t = (ah_gctok *)lua_touserdata(L, idx);
-  int ok = t != NULL && lua_getmetatable(L, idx);
-  if (ok) {
-    lua_rawgeti(L, AH_UV_AUX, AUX_GCTOK_MT);
-    ok = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-  }
-  return ok ? t : NULL;
-}
-
-static int l_gc_token_cancel(lua_State *L) {
-  ah_gctok *t = gc_token_at(L, 1);
-  luaL_argexpected(L, t != NULL, 1, "gc token");
-  t->done = 1;
-  return 0;
-}
-
-/* emit_destroy(id[, resource, token]): queue, and deliver now when nothing
-** is active (a scope of the resource open in a suspended coroutine is out:
-** it stays out, see scope.c's ah_scopes_slice).  The resource's GC token
-** is cancelled first: when a destroy hook's dispatch raises, the destroy
-** was delivered all the same, and the collection must not queue another */
-static int l_emit_destroy(lua_State *L) {
-  ah_state *st = ah_st(L);
-  lua_Integer id = luaL_checkinteger(L, 1);
-  ah_gctok *t = lua_isuserdata(L, 3) ? gc_token_at(L, 3) : NULL;
-  if (t) t->done = 1;
-  if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
-  ah_flush_maybe(L, st);
-  return 0;
-}
-
 static const luaL_Reg hook_funcs[] = {
   {"hook_enable", l_hook_enable},
   {"hook_disable", l_hook_disable},
   {"hook_counts", l_hook_counts},
   {"on_destroy_hooks", l_on_destroy_hooks},
   {"flush", l_flush},
-  {"new_ids", l_new_ids},
-  {"emit_init", l_emit_init},
-  {"emit_destroy", l_emit_destroy},
-  {"gc_token", l_gc_token},
-  {"gc_token_cancel", l_gc_token_cancel},
   {NULL, NULL}
 };
 
-/* module table on top: the hook lists, the GC token metatable, the hook
-** functions */
+/* module table on top: the hook lists, the hook functions */
 void ah_open_hooks(lua_State *L) {
   int i;
   lua_newtable(L);
@@ -700,11 +606,6 @@ void ah_open_hooks(lua_State *L) {
     lua_pushboolean(L, 0);
     lua_rawseti(L, AH_UV_AUX, AUX_HOOK1 + i - 1);
   }
-  lua_pushliteral(L, "coroutine");
-  lua_rawseti(L, AH_UV_AUX, AUX_TCORO);
-  lua_pushliteral(L, "thread");
-  lua_rawseti(L, AH_UV_AUX, AUX_KTHREAD);
-  ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
   /* the registry keys of the dispatch, made now: setting them later
   ** allocates nothing */
   lua_pushvalue(L, AH_UV_AUX);

@@ -16,7 +16,11 @@
 ** `before` again (outermost first): before/after stay properly nested even
 ** though a scope spans the yield.
 */
-#include "core.h"
+#include "scope.h"
+#include "base.h"
+#include "slots.h"
+#include "anchors.h"
+#include "hooks.h"
 
 typedef struct ah_guard {
   const ah_state *st; /* first: what marks a guard of this state (the

@@ -3,7 +3,7 @@
 ** lifetime (release, the sweep, the per-cycle sentinel that makes
 ** finalizer tokens), and the ids.
 **
-** See core.h for the model.  A slot is allocated when a thread first needs a
+** See ah.h for the model.  A slot is allocated when a thread first needs a
 ** context (the main thread at load time, a coroutine at create time, any
 ** other thread the first time it touches the library).  The slot's Lua
 ** values live in weak tables indexed by slot, kept alive by anchors keyed
@@ -12,12 +12,15 @@
 ** or else by a sweep when the free lists run dry: no per-coroutine
 ** finalizer in the common case.
 **
-** Near the bottom of the file graph: it calls anchors.c and base.c only.
+** Near the bottom of the graph: it calls anchors.c, queue.c and base.c only.
 */
-#include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "slots.h"
+#include "anchors.h"
+#include "base.h"
+#include "queue.h"
+
 /* --------------------------------------------------------------------- */
 /* slot allocation                                                        */
 
@@ -532,8 +535,8 @@ static int host_owns_extra(lua_State *L) {
   return owned;
 }
 
-/* the slot array (inline), the anchor tables and metatables, the id
-** functions; the main thread is registered by core.c once frames exist */
+/* the slot array (inline), the metatables, the id functions; the main
+** thread is registered by ah_register_main once frames exist */
 void ah_open_slots(lua_State *L) {
   ah_state *st = ah_st(L);
   int i;
@@ -551,19 +554,14 @@ void ah_open_slots(lua_State *L) {
 
   ah_new_metatable(L, "async_hooks.cotoken", "__gc", cotok_gc, AUX_COTOK_MT);
   ah_new_metatable(L, "async_hooks.anchors", "__gc", pend_gc, AUX_PEND_MT);
-  lua_createtable(L, AH_INLINE, 0); /* an entry per slot: see ah_pend_set */
-  for (i = 1; i <= AH_INLINE; i++) {
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, i);
-  }
-  lua_rawseti(L, AH_UV_AUX, AUX_PEND);
   ah_weak_table(L, "k", 0);
   lua_rawseti(L, AH_UV_AUX, AUX_TSLOT);
-  for (i = AUX_TR; i <= AUX_TGC; i++) {
-    ah_weak_table(L, "k", 0);
-    lua_rawseti(L, AH_UV_AUX, i);
-  }
-  lua_newtable(L);
-  lua_rawseti(L, AH_UV_AUX, AUX_TOP);
   ah_add_funcs(L, slot_funcs);
+}
+
+void ah_register_main(lua_State *L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  ah_register(L, ah_st(L), -2, -1, 0, AH_KMAIN);
+  lua_pop(L, 2);
 }

@@ -1,18 +1,28 @@
 #!/bin/sh
-# The call graph between the C files of the core has no cycle.
+# The call graph between the C files of the core has no cycle, and the
+# #include lines draw the same graph.
 #
 #   tests/callgraph.sh [srcdir]     (default: src; `make callgraph`)
 #
-# Compiles each srcdir/*.c to an object, reads with nm which ah_* symbols it
-# defines and which it uses from elsewhere, and draws an edge file -> file
-# for every call (a use of a function; a shared data symbol, such as a
-# registry key's address, is not a call).  Prints the graph (file -> files it calls) and the files
-# in dependency order (bottom first); fails, naming the files of a loop,
-# when the graph has a cycle.  Also fails when an object defines a global
-# symbol other than ah_* and luaopen_* (everything else is static), or
-# uses an ah_* symbol that no file defines.
+# Compiles each srcdir/*.c and srcdir/*/*.c to an object, reads with nm
+# which ah_* symbols it defines and which it uses from elsewhere, and draws
+# an edge file -> file for every call (a use of a function; a shared data
+# symbol, such as a registry key's address, is not a call).  Prints the
+# graph (file -> files it calls) and the files in dependency order (bottom
+# first); fails, naming the files of a loop, when the graph has a cycle.
+# Also fails when an object defines a global symbol other than ah_* and
+# luaopen_* (everything else is static), or uses an ah_* symbol that no
+# file defines.
 # Calls through a function pointer (st->lazy_resource) are not edges: that
-# is how slots.c reaches luv.c without depending on it.
+# is how anchors.c reaches luv/ without depending on it.
+#
+# The include graph: a file's `#include "x.h"` is an edge to x.c (the unit
+# x.h belongs to), else, for a header in a folder, to the folder, else to
+# x.h itself.  Fails
+# when the include graph and the call graph together have a cycle (a
+# header that includes one above it), or when a file calls a unit whose
+# header it does not include (directly or through the headers it
+# includes).
 set -eu
 src=${1:-src}
 CC=${CC:-cc}
@@ -21,12 +31,14 @@ LUA_CFLAGS=${LUA_CFLAGS:-$("$here/.ci/lua-flags" --cflags)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
-for c in "$src"/*.c; do
-  f=$(basename "$c")
+# the C files, relative to src
+files=$(cd "$src" && ls -- *.c */*.c 2>/dev/null | sort)
+for f in $files; do
+  o=$(echo "$f" | tr / _)
   # shellcheck disable=SC2086 # CC and LUA_CFLAGS are word lists
-  $CC -std=c99 -O0 -c $LUA_CFLAGS -I"$src" "$c" -o "$tmp/$f.o"
+  $CC -std=c99 -O0 -c $LUA_CFLAGS -I"$src" "$src/$f" -o "$tmp/$o.o"
   # "<file> D <sym>": a function defined; DATA: data defined; U: used
-  nm "$tmp/$f.o" | awk -v f="$f" '
+  nm "$tmp/$o.o" | awk -v f="$f" '
     $1 == "U" { print f, "U", $2; next }
     NF == 3 && $2 == "T" { print f, "D", $3; next }
     NF == 3 && $2 ~ /^[A-Z]$/ { print f, "DATA", $3 }' >> "$tmp/syms"
@@ -58,19 +70,70 @@ if grep -q '^UNDEF' "$tmp/edges"; then
 fi
 
 echo "call graph (file -> files it calls):"
-for c in "$src"/*.c; do
-  f=$(basename "$c")
+for f in $files; do
   echo "  $f -> $(awk -v f="$f" '$1 == f { printf "%s%s", s, $2; s = " " }' "$tmp/edges")"
 done
 
 # nodes without edges still belong in the order: "f f" pairs are nodes
-{ cat "$tmp/edges"; for c in "$src"/*.c; do f=$(basename "$c"); echo "$f $f"; done; } > "$tmp/tsort"
+{ cat "$tmp/edges"; for f in $files; do echo "$f $f"; done; } > "$tmp/tsort"
 if order=$(tsort "$tmp/tsort" 2>"$tmp/loop"); then
   echo "order, bottom first: $(echo "$order" | tac | tr '\n' ' ')"
 else
   echo "callgraph: the call graph between files has a cycle:"
   sed 's|^.*tsort: ||; s|^.*loop:$|  loop:|; s|^[^ ]|    &|' "$tmp/loop"
   status=1
+fi
+# the include graph: "file unit" per #include "..." of every .c and .h
+# (paths relative to src, resolved from the including file's folder)
+(cd "$src" && ls -- *.c *.h */*.c */*.h 2>/dev/null) | while read -r f; do
+  d=$(dirname "$f")
+  sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$src/$f" |
+  while read -r h; do
+    p=$h
+    [ "$d" != . ] && p="$d/$h"
+    # normalise "luv/../x.h" to "x.h"
+    p=$(echo "$p" | sed -e ':a' -e 's|[^/]*/\.\./||' -e 'ta')
+    echo "$f $p"
+  done
+done > "$tmp/incs"
+# a header belongs to its .c when there is one, else a header in a folder
+# to the whole folder ("luv/": its files share a private header)
+unit() {
+  case $1 in
+    *.h) if [ -f "$src/${1%.h}.c" ]; then echo "${1%.h}.c"; return; fi
+         case $1 in */*) echo "${1%/*}/"; return ;; esac ;;
+  esac
+  echo "$1"
+}
+while read -r a b; do
+  ua=$(unit "$a"); ub=$(unit "$b")
+  [ "$ua" != "$ub" ] && echo "$ua $ub"
+done < "$tmp/incs" | sort -u > "$tmp/iedges"
+{ cat "$tmp/edges" "$tmp/iedges"; for f in $files; do echo "$f $f"; done; } > "$tmp/tsort2"
+if ! tsort "$tmp/tsort2" > /dev/null 2>"$tmp/loop2"; then
+  echo "callgraph: the include graph runs back up (a cycle with the calls):"
+  sed 's|^.*tsort: ||; s|^.*loop:$|  loop:|; s|^[^ ]|    &|' "$tmp/loop2"
+  status=1
+fi
+# every call is to a unit whose header the caller includes (transitively)
+missing=$(awk '
+  FILENAME == ARGV[1] { inc[$1] = inc[$1] " " $2; next }
+  { call[$1 " " $2] = 1 }
+  END {
+    for (c in call) {
+      split(c, p, " ")
+      # the units reachable from p[1] through includes
+      split("", seen); n = 0; q[++n] = p[1]; seen[p[1]] = 1
+      for (i = 1; i <= n; i++) {
+        m = split(inc[q[i]], nx, " ")
+        for (j = 1; j <= m; j++) if (!(nx[j] in seen)) { seen[nx[j]] = 1; q[++n] = nx[j] }
+      }
+      dir = p[2]; sub(/[^\/]*$/, "", dir) # the headers of a folder serve its files
+      if (!(p[2] in seen) && !(dir != "" && dir in seen)) print "  " p[1] " calls " p[2] " without including its header"
+    }
+  }' "$tmp/iedges" "$tmp/edges")
+if [ -n "$missing" ]; then
+  echo "callgraph: calls not drawn by the includes:"; echo "$missing"; status=1
 fi
 [ "$status" = 0 ] && echo "callgraph: no cycle"
 exit $status

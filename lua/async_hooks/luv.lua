@@ -4,7 +4,7 @@
 -- Patches the luv module table and the `__index` table of every luv
 -- metatable (so `uv.timer_start(t, ...)` and `t:start(...)` are both
 -- covered) with C wrappers made by `core.luv_wrap`, and swaps luv's
--- `cb_pcall` for the library's (see `src/luv.c`).  Used by
+-- `cb_pcall` for the library's (see `src/luv/`).  Used by
 -- `async_hooks.install()`; not meant to be required on its own.
 -- @module async_hooks.luv
 local core = require("async_hooks.core")
@@ -134,7 +134,7 @@ function M.attach(uv, persist)
     end
   end
   -- uv.run itself: callbacks that run inside the library's uv.run find the
-  -- core's state in its upvalues (the fast path of src/luv_dispatch.c)
+  -- core's state in its upvalues (the fast path of src/luv/dispatch.c)
   local run = rawget(uv, "run")
   if type(run) == "function" and not wrappers[run] then wrappers[run] = core.luv_wrap_run(run) end
   state = state or { uvs = {}, patches = {} } -- patches: {{tbl, key, orig}}
@@ -158,7 +158,7 @@ function M.attach(uv, persist)
   end
   core.luv_attach(rawget(uv, "walk"), rawget(uv, "is_closing"))
   -- queued destroys: every callback's exit delivers them, and so does the
-  -- library's uv.run when it starts (src/luv_dispatch.c), so they arrive at
+  -- library's uv.run when it starts (src/luv/dispatch.c), so they arrive at
   -- the latest on the next loop iteration without a handle that runs every
   -- iteration.
   persist.luv = state

@@ -1,16 +1,25 @@
 /*
-** core.c - the module entry: luaopen_async_hooks_core makes the per-state
+** module.c - the roof: luaopen_async_hooks_core makes the per-state
 ** ah_state and the shared upvalues, then runs build, which calls every
-** file's ah_open_<file> in file-graph order (see core.h).  Also the
-** state's finalizer and the module's own functions (stats, persist).
+** unit's ah_open_<unit>, bottom up.  Also the state's finalizer and the
+** module's own functions (stats, persist).  Included by nothing.
 */
-#include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "ah.h"
+#include "base.h"
+#include "queue.h"
+#include "anchors.h"
+#include "slots.h"
+#include "frames.h"
+#include "hooks.h"
+#include "resource.h"
+#include "scope.h"
+#include "coro.h"
+#include "luv/luv.h"
 
 /* registry[&ah_key] = module table.  The key is reachable from Lua as a
-** light userdata: it points to a null pointer (see core.h, AH_NULLOBJ) */
+** light userdata: it points to a null pointer (see ah.h, AH_NULLOBJ) */
 static const void *const ah_key = NULL;
 
 /* --------------------------------------------------------------------- */
@@ -36,8 +45,7 @@ static int l_stats(lua_State *L) {
   lua_setfield(L, -2, "dispatching");
   lua_pushinteger(L, st->next_id);
   lua_setfield(L, -2, "next_id");
-  lua_pushinteger(L, st->fast_callbacks);
-  lua_setfield(L, -2, "fast_callbacks");
+  ah_luv_stats(L); /* fast_callbacks */
   lua_pushboolean(L, st->extra);
   lua_setfield(L, -2, "extraspace");
   lua_pushinteger(L, st->npend);
@@ -55,7 +63,7 @@ static int l_persist(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg core_funcs[] = {
+static const luaL_Reg module_funcs[] = {
   {"stats", l_stats},
   {"persist", l_persist},
   {NULL, NULL}
@@ -68,23 +76,15 @@ static const luaL_Reg core_funcs[] = {
 ** Library code can still run afterwards (finalizers that run later: luv's
 ** loop finalizer runs pending callbacks), so what remains stays usable:
 ** the slot array is a userdata (AUX_SLOTS), freed with the state; the
-** destroy queue and the callback stack allocate nothing from now on. */
+** destroy queue allocates nothing from now on (luv/ frees its own). */
 static int state_gc(lua_State *L) {
   ah_state *st = (ah_state *)lua_touserdata(L, 1);
   /* (reachable from Lua: debug.getmetatable; only a state is one) */
   if (st == NULL || lua_rawlen(L, 1) != sizeof(ah_state) || st->self != st)
     return 0;
-  if (ah_load_ptr(ah_known) == st)
-    ah_store_ptr(ah_known, (ah_state *)(void *)&ah_known); /* (see base.c) */
-  ah_luv_forget(st);
+  ah_st_forget(st);
   st->closed = 1;
-  free(st->dq);
-  st->dq = NULL;
-  st->dq_n = st->dq_cap = 0;
-  if (st->cb != st->cb_inline) free(st->cb);
-  st->cb = st->cb_inline;
-  st->cb_cap = AH_CB_INLINE;
-  st->cb_n = 0;
+  ah_queue_free(st);
   return 0;
 }
 
@@ -122,38 +122,29 @@ static void push_upvalues(lua_State *L, int st_idx) {
 /* --------------------------------------------------------------------- */
 /* build                                                                   */
 
-/* module table on top: what core.c itself owns */
-static void open_core(lua_State *L) {
-  ah_state *st = ah_st(L);
-  st->cb = st->cb_inline; /* the luv trampolines' native stack */
-  st->cb_cap = AH_CB_INLINE;
+/* module table on top: what module.c itself owns */
+static void open_module(lua_State *L) {
   lua_newtable(L);
   lua_rawseti(L, AH_UV_AUX, AUX_PERSIST);
-  ah_new_metatable(L, "async_hooks.internal", NULL, NULL, AUX_INTERNAL_MT);
-  ah_add_funcs(L, core_funcs);
+  ah_add_funcs(L, module_funcs);
 }
 
-/* the main thread: slot 1, asyncId 1, triggerAsyncId 0, the empty frame
-** (needs the slot store and the frames) */
-static void register_main(lua_State *L, ah_state *st) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
-  ah_register(L, st, -2, -1, 0, AH_KMAIN);
-  lua_pop(L, 2);
-}
-
-/* Runs as a closure with the shared upvalues, so that every ah_open_<file>
-** can use the AH_UV_* indices.  Returns the module table. */
+/* Runs as a closure with the shared upvalues, so that every ah_open_<unit>
+** can use the AH_UV_* indices; each adds its aux entries, metatables and
+** functions to the module table on top.  Returns the module table. */
 static int build(lua_State *L) {
   lua_newtable(L); /* the module */
-  open_core(L);
+  ah_open_base(L);
+  open_module(L);
+  ah_open_anchors(L);
   ah_open_slots(L);
-  ah_open_frames(L); /* AUX_EMPTY: register_main needs it */
+  ah_open_frames(L);
   ah_open_hooks(L);
+  ah_open_resource(L);
   ah_open_scope(L);
   ah_open_coro(L);
   ah_open_luv(L);
-  register_main(L, ah_st(L));
+  ah_register_main(L); /* needs the slot store and the empty frame */
   return 1;
 }
 

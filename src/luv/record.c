@@ -1,26 +1,25 @@
 /*
-** luv_record.c - what a registration hands luv, read back: records, quick
+** record.c - what a registration hands luv, read back: records, quick
 ** records and their resources.
 **
-** A record (luv.h's ah_rec) is a userdata with the registration's ids,
+** A record (private.h's ah_rec) is a userdata with the registration's ids,
 ** spec and frame identity; a quick record a C closure whose upvalues are
 ** the same fields (made where nothing but a frame observes the
 ** registration).  This file recognises them, turns a quick record into a
 ** record where a path needs one, makes a record's resource table when it
 ** is first asked for (executionAsyncResource(), ah_luv_resource through
 ** st->lazy_resource), and is what luv calls for a quick record when the
-** dispatch is not in front.  Called by luv.c (registration) and
-** luv_dispatch.c (dispatch); calls nothing above slots.c.
+** dispatch is not in front.  Called by register.c and dispatch.c.
 */
-#include "luv.h"
+#include "private.h"
+
+const void *const ah_luv_key = NULL; /* (see ah.h, AH_NULLOBJ) */
 
 /* push registry[&ah_luv_key]; the state's ah_luv if that is one (the
 ** registry is reachable from Lua), else NULL */
 ah_luv *ah_luv_push(lua_State *L) {
-  ah_luv *lv;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  lv = (ah_luv *)lua_touserdata(L, -1);
-  return lv && lua_rawlen(L, -1) == sizeof(ah_luv) && lv->self == lv ? lv : NULL;
+  return ah_luv_at(L, -1);
 }
 
 /* the spec at idx if it is one of lv's, else NULL */
@@ -39,7 +38,7 @@ int ah_luv_rec_fn(lua_State *L) {
   return lua_gettop(L);
 }
 
-/* The record as a function for a re-armed handle slot (see luv.c's
+/* The record as a function for a re-armed handle slot (see register.c's
 ** rearm): a closure with the record as only upvalue.  luv calls it only
 ** without our cb_pcall in front (after uninstall()): the record's __call. */
 int ah_luv_rec_fn1(lua_State *L) {
@@ -265,8 +264,7 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
 
 /* find the innermost frame of the library's uv.run (dispatch_run ran
 ** there), below the running function's frames: a C closure whose upvalue
-** after the shared ones and its ah_luv is the mark (luv_dispatch.c's
-** RUN_MARK); 0 if there is none */
+** after the shared ones and its ah_luv is the mark (RUN_MARK); 0 if there is none */
 static int run_frame(lua_State *L, lua_Debug *ar) {
   int level;
   for (level = 1; lua_getstack(L, level, ar); level++) {
@@ -299,7 +297,8 @@ int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
   return 0;
 }
 
-/* For stack.c (executionAsyncResource): while a record's callback runs on
+/* st->lazy_resource (anchors.c, for executionAsyncResource): while a
+** record's callback runs on
 ** the slow path, R[s] holds the record itself (not anchored: it is on the
 ** stack meanwhile); inline, the dispatch keeps where the record or quick
 ** record sits (lv->cur.base, lv->cur).  The value at the top is R[s]:
@@ -307,12 +306,21 @@ int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
 ** the resource of the callback running in slot s; else by false and return
 ** 0.  The caller then makes it the thread's (R[s], anchored), so later
 ** calls in the same callback find it at once. */
-int ah_luv_resource(lua_State *L, ah_state *st, int s) {
+int ah_luv_resource(lua_State *L, ah_state *st, int s, int t) {
   int top = lua_gettop(L);
   ah_rec *r = NULL;
   ah_luv *lv = NULL;
   luaL_checkstack(L, 6, "async_hooks");
-  if ((lv = ah_luv_push(L)) != NULL) r = ah_luv_record(L, lv, top);
+  lv = ah_luv_push(L);
+  lua_settop(L, top);
+  /* no marker: a callback's only if it is the innermost one entered */
+  if (t != LUA_TFUNCTION && t != LUA_TUSERDATA &&
+      !(lv && lv->cb_n && lv->cb[lv->cb_n - 1] == st->slots[s].id)) {
+    lua_pushboolean(L, 0);
+    lua_replace(L, top);
+    return 0;
+  }
+  if (lv) r = ah_luv_record(L, lv, top);
   lua_settop(L, top);
   if (!r && lv && lv->cur.base && lv->cur.id == st->slots[s].id && lv->cur.slot == s &&
       push_cur_local(L, lv, 0)) { /* the (quick) record that runs inline */
@@ -373,4 +381,129 @@ void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
     lua_getiuservalue(L, idx, RV_RES);
   else
     lua_pushnil(L);
+}
+
+/* ------------------------------------------------------------------- */
+/* a handle's slots: its user value (the record of each callback slot)  */
+
+/* push what the handle at h keeps for slot (the record, or its closure)
+** and the record itself above it; returns the record.  NULL: only nil was
+** pushed (*closure is -1 when the handle keeps nothing at all). */
+ah_rec *ah_luv_slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
+                        int *closure) {
+  ah_rec *r;
+  switch (lua_getiuservalue(L, h, 1)) {
+    case LUA_TNIL: /* nothing kept (a fresh handle) */
+      *closure = -1;
+      return NULL;
+    case LUA_TTABLE:
+      lua_rawgeti(L, -1, slot);
+      lua_remove(L, -2);
+      break;
+    default: break;
+  }
+  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
+    lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
+    /* (checked: reachable from Lua; the record whose callback runs inline,
+    ** a re-arm from inside it, was checked by the dispatch) */
+    r = (ah_rec *)lua_touserdata(L, -1);
+    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
+    *closure = 1;
+  } else {
+    r = ah_luv_record(L, lv, -1);
+    lua_pushvalue(L, -1);
+    *closure = 0;
+  }
+  if (!r || r->spec->slot != slot) {
+    lua_pop(L, 2);
+    lua_pushnil(L);
+    return NULL;
+  }
+  return r;
+}
+
+/* make room for slot in the handle at h (no record there yet), so that
+** slot_set cannot fail; 0 if the user value is not ours, AH_SLOT_NIL if it is
+** nil (slot_set then need not read it again); allocates */
+int ah_luv_slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
+  int t = lua_getiuservalue(L, h, 1), ok = 1;
+  if (t == LUA_TNIL || t == LUA_TBOOLEAN) { /* true: a quick record's mark */
+    ok = AH_SLOT_NIL;
+  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
+    ah_rec *other = ah_luv_record(L, lv, -1);
+    if (!other) {
+      ok = 0;
+    } else if (other->spec->slot != slot) { /* a second slot */
+      lua_createtable(L, 0, 2);
+      lua_pushvalue(L, -2);
+      lua_rawseti(L, -2, other->spec->slot);
+      lua_setiuservalue(L, h, 1);
+    }
+  } else if (t != LUA_TNIL && t != LUA_TTABLE) {
+    ok = 0;
+  }
+  lua_pop(L, 1);
+  return ok;
+}
+
+/* the record at rec is the registration of (h, slot); room was made
+** (reserved: what slot_reserve returned) */
+void ah_luv_slot_set(lua_State *L, ah_luv *lv, int h, int slot, int rec,
+                     int reserved) {
+  if (reserved == AH_SLOT_NIL) {
+    lua_pushvalue(L, rec);
+    lua_setiuservalue(L, h, 1);
+    lv->handles++;
+    return;
+  }
+  if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
+    lua_pushvalue(L, rec);
+    lua_rawseti(L, -2, slot);
+  } else {
+    lua_pushvalue(L, rec);
+    lua_setiuservalue(L, h, 1);
+    lv->handles++;
+  }
+  lua_pop(L, 1);
+}
+
+/* the registration of r ends: its destroy */
+static void rec_ended(ah_state *st, ah_rec *r) {
+  if (r && (r->flags & REC_DESTROY)) {
+    r->flags &= (unsigned char)~REC_DESTROY;
+    if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, r->id);
+  }
+}
+
+/* the same for the record at the top; pops it */
+static void ended(lua_State *L, ah_state *st, const ah_luv *lv) {
+  rec_ended(st, ah_luv_record(L, lv, -1));
+  lua_pop(L, 1);
+}
+
+/* the registration of (h, slot) ends (slot 0: every slot of h, which is
+** closing); never allocates */
+void ah_luv_slot_drop(lua_State *L, ah_state *st, ah_luv *lv, int h,
+                      int slot) {
+  int t = lua_getiuservalue(L, h, 1);
+  if (t == LUA_TTABLE && slot) {
+    lua_rawgeti(L, -1, slot);
+    ended(L, st, lv);
+    lua_pushnil(L);
+    lua_rawseti(L, -2, slot);
+  } else if (t == LUA_TTABLE) {
+    lua_pushnil(L);
+    while (lua_next(L, -2)) ended(L, st, lv);
+    lua_pushnil(L);
+    lua_setiuservalue(L, h, 1);
+  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
+    ah_rec *r = ah_luv_record(L, lv, -1);
+    if (r && (!slot || r->spec->slot == slot)) {
+      rec_ended(st, r);
+      lua_pushnil(L);
+      lua_setiuservalue(L, h, 1);
+      if (lv->handles > 0) lv->handles--;
+    }
+  }
+  lua_pop(L, 1);
 }

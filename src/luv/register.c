@@ -1,6 +1,6 @@
 /*
-** luv.c - luv callbacks run in the context of their registration: the
-** registration half (the dispatch half is luv_dispatch.c).
+** register.c - luv callbacks run in the context of their registration: the
+** registration half (the dispatch half is dispatch.c).
 **
 ** Registration wrappers (`wrapped`) are C closures that stand in for the
 ** callback-taking luv functions.  A wrapper finds the callback argument,
@@ -33,9 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "luv.h"
-
-const void *const ah_luv_key = NULL; /* (see core.h, AH_NULLOBJ) */
+#include "private.h"
 
 ah_luv_pcall ah_luv_fallback = NULL;
 
@@ -47,132 +45,6 @@ ah_luv_pcall ah_luv_fallback = NULL;
 typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > AH_NUP + 2 &&
                                 RUN_NUP > Q_N + 2 ? 1 : -1];
 
-
-/* ------------------------------------------------------------------- */
-/* a handle's slots: its user value                                      */
-
-/* push what the handle at h keeps for slot (the record, or its closure)
-** and the record itself above it; returns the record.  NULL: only nil was
-** pushed (*closure is -1 when the handle keeps nothing at all). */
-static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
-                        int *closure) {
-  ah_rec *r;
-  switch (lua_getiuservalue(L, h, 1)) {
-    case LUA_TNIL: /* nothing kept (a fresh handle) */
-      *closure = -1;
-      return NULL;
-    case LUA_TTABLE:
-      lua_rawgeti(L, -1, slot);
-      lua_remove(L, -2);
-      break;
-    default: break;
-  }
-  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
-    lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
-    /* (checked: reachable from Lua; the record whose callback runs inline,
-    ** a re-arm from inside it, was checked by the dispatch) */
-    r = (ah_rec *)lua_touserdata(L, -1);
-    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
-    *closure = 1;
-  } else {
-    r = ah_luv_record(L, lv, -1);
-    lua_pushvalue(L, -1);
-    *closure = 0;
-  }
-  if (!r || r->spec->slot != slot) {
-    lua_pop(L, 2);
-    lua_pushnil(L);
-    return NULL;
-  }
-  return r;
-}
-
-/* make room for slot in the handle at h (no record there yet), so that
-** slot_set cannot fail; 0 if the user value is not ours, SLOT_NIL if it is
-** nil (slot_set then need not read it again); allocates */
-#define SLOT_NIL 2
-static int slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot) {
-  int t = lua_getiuservalue(L, h, 1), ok = 1;
-  if (t == LUA_TNIL || t == LUA_TBOOLEAN) { /* true: a quick record's mark */
-    ok = SLOT_NIL;
-  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
-    ah_rec *other = ah_luv_record(L, lv, -1);
-    if (!other) {
-      ok = 0;
-    } else if (other->spec->slot != slot) { /* a second slot */
-      lua_createtable(L, 0, 2);
-      lua_pushvalue(L, -2);
-      lua_rawseti(L, -2, other->spec->slot);
-      lua_setiuservalue(L, h, 1);
-    }
-  } else if (t != LUA_TNIL && t != LUA_TTABLE) {
-    ok = 0;
-  }
-  lua_pop(L, 1);
-  return ok;
-}
-
-/* the record at rec is the registration of (h, slot); room was made
-** (reserved: what slot_reserve returned) */
-static void slot_set(lua_State *L, ah_state *st, int h, int slot, int rec,
-                     int reserved) {
-  if (reserved == SLOT_NIL) {
-    lua_pushvalue(L, rec);
-    lua_setiuservalue(L, h, 1);
-    st->handles++;
-    return;
-  }
-  if (lua_getiuservalue(L, h, 1) == LUA_TTABLE) {
-    lua_pushvalue(L, rec);
-    lua_rawseti(L, -2, slot);
-  } else {
-    lua_pushvalue(L, rec);
-    lua_setiuservalue(L, h, 1);
-    st->handles++;
-  }
-  lua_pop(L, 1);
-}
-
-/* the registration of r ends: its destroy */
-static void rec_ended(ah_state *st, ah_rec *r) {
-  if (r && (r->flags & REC_DESTROY)) {
-    r->flags &= (unsigned char)~REC_DESTROY;
-    if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, r->id);
-  }
-}
-
-/* the same for the record at the top; pops it */
-static void ended(lua_State *L, ah_state *st, const ah_luv *lv) {
-  rec_ended(st, ah_luv_record(L, lv, -1));
-  lua_pop(L, 1);
-}
-
-/* the registration of (h, slot) ends (slot 0: every slot of h, which is
-** closing); never allocates */
-static void slot_drop(lua_State *L, ah_state *st, const ah_luv *lv, int h,
-                      int slot) {
-  int t = lua_getiuservalue(L, h, 1);
-  if (t == LUA_TTABLE && slot) {
-    lua_rawgeti(L, -1, slot);
-    ended(L, st, lv);
-    lua_pushnil(L);
-    lua_rawseti(L, -2, slot);
-  } else if (t == LUA_TTABLE) {
-    lua_pushnil(L);
-    while (lua_next(L, -2)) ended(L, st, lv);
-    lua_pushnil(L);
-    lua_setiuservalue(L, h, 1);
-  } else if (t == LUA_TUSERDATA || t == LUA_TFUNCTION) {
-    ah_rec *r = ah_luv_record(L, lv, -1);
-    if (r && (!slot || r->spec->slot == slot)) {
-      rec_ended(st, r);
-      lua_pushnil(L);
-      lua_setiuservalue(L, h, 1);
-      if (st->handles > 0) st->handles--;
-    }
-  }
-  lua_pop(L, 1);
-}
 
 /* ------------------------------------------------------------------- */
 /* registration wrappers                                                 */
@@ -428,7 +300,7 @@ static int kept(lua_State *L, const ah_luv *lv, const ah_spec *sp, int handle_id
   return !closing;
 }
 
-/* a quick record (see luv.h) takes the callback's place: a request while
+/* a quick record (see private.h) takes the callback's place: a request while
 ** executionAsyncResource() was never called (with hooks or without: a
 ** request's destroy follows its one callback), or the first registration
 ** on a fresh handle while nothing but a frame observes it.  With init
@@ -516,7 +388,7 @@ static int fresh_handle(lua_State *L) {
 
 /* a new record takes the callback's place; stack: the n arguments (fresh:
 ** the handle at 1 keeps nothing, as its user value was just read) */
-static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
+static AH_NOINLINE int track(lua_State *L, ah_state *st, ah_luv *lv,
                  const ah_spec *sp, int s, int n, int pos, int fresh) {
   int nres, rec;
   int handle_idx = sp->kind != W_CREATE && sp->kind != W_WORK &&
@@ -525,7 +397,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
   ah_rec *r;
   luaL_checkstack(L, 12, "async_hooks");
   /* everything that can fail, before luv sees anything */
-  if (keep) keep = fresh ? SLOT_NIL : slot_reserve(L, lv, 1, sp->slot);
+  if (keep) keep = fresh ? AH_SLOT_NIL : ah_luv_slot_reserve(L, lv, 1, sp->slot);
   r = new_record(L, st, sp, pos, s, handle_idx, n); /* n+1 */
   if (sp->fn) {
     sp->lv->closures = 1;
@@ -547,9 +419,9 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
     return nres;
   }
   if (keep) {
-    slot_set(L, st, 1, sp->slot, rec, keep);
-  } else if (sp->kind == W_CLOSE && st->handles && handle_idx) {
-    slot_drop(L, st, lv, 1, 0);
+    ah_luv_slot_set(L, lv, 1, sp->slot, rec, keep);
+  } else if (sp->kind == W_CLOSE && lv->handles && handle_idx) {
+    ah_luv_slot_drop(L, st, lv, 1, 0);
   } else if (sp->kind == W_CREATE && nres > 0 &&
              lua_type(L, rec - nres) == LUA_TUSERDATA) {
     handle_idx = rec - nres; /* the handle luv made */
@@ -557,9 +429,9 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
     lua_pushvalue(L, handle_idx);
     lua_setfield(L, -2, "handle"); /* the key exists */
     lua_pop(L, 1);
-    int reserved = slot_reserve(L, lv, handle_idx, sp->slot);
+    int reserved = ah_luv_slot_reserve(L, lv, handle_idx, sp->slot);
     if (reserved) /* a fresh handle: no allocation */
-      slot_set(L, st, handle_idx, sp->slot, rec, reserved);
+      ah_luv_slot_set(L, lv, handle_idx, sp->slot, rec, reserved);
   }
   if (registered(L, st, r, rec, handle_idx)) return ah_raise(L);
   lua_pop(L, 1);
@@ -571,13 +443,12 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, const ah_luv *lv,
 static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
                                        ah_state *st, int s, int obs) {
   int pos = find_callback(L, sp), nres, n;
-  const ah_luv *lv;
+  ah_luv *lv = sp->lv;
   if (pos && obs) {
     int closure = 0, udata = lua_type(L, 1) == LUA_TUSERDATA;
-    lv = sp->lv;
     n = lua_gettop(L);
-    if (sp->kind == W_HANDLE && st->handles && udata) {
-      ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
+    if (sp->kind == W_HANDLE && lv->handles && udata) {
+      ah_rec *r = ah_luv_slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
       if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
     }
@@ -586,13 +457,13 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
     ** but a frame observes it */
     if (sp->kind == W_REQ ? !st->res_on
                           : sp->kind == W_HANDLE && udata && !st->watched &&
-                                (closure == -1 || (!st->handles && fresh_handle(L)))) {
+                                (closure == -1 || (!lv->handles && fresh_handle(L)))) {
       nres = track_q(L, st, sp, s, n, pos, sp->kind == W_REQ ? udata : 1);
       if (nres >= 0) return nres;
     }
     return track(L, st, lv, sp, s, n, pos, closure == -1);
   }
-  if (!st->handles || !(sp->kind == W_CLOSE || (pos && sp->kind == W_HANDLE)) ||
+  if (!lv->handles || !(sp->kind == W_CLOSE || (pos && sp->kind == W_HANDLE)) ||
       lua_type(L, 1) != LUA_TUSERDATA)
     return sp->orig(L); /* the common case: luv's function, nothing else */
   /* a tracked registration of the handle ends: closed, or replaced by an
@@ -601,8 +472,7 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
   ** old generation: measured +2.6k instructions per request without) */
   nres = sp->orig(L);
   luaL_checkstack(L, 8, "async_hooks");
-  lv = sp->lv;
-  slot_drop(L, st, lv, 1, sp->kind == W_CLOSE ? 0 : sp->slot);
+  ah_luv_slot_drop(L, st, lv, 1, sp->kind == W_CLOSE ? 0 : sp->slot);
   return nres;
 }
 
@@ -611,9 +481,9 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
 ** is luv's function and a few tests (a small frame of its own: the rest is
 ** in wrapped_tracked). */
 /* The specs checked last, by the address of their block (see ah_st in
-** core.h for why a value whose block is at the address of a spec checked
+** base.h for why a value whose block is at the address of a spec checked
 ** before is that spec): a small cache, a few per Lua state in use, which
-** ah_luv_forget empties of a state's specs when the state is closed */
+** forget_specs empties of a state's specs when the state is closed */
 #define AH_SPECS_KNOWN 16
 static const ah_spec *specs_known[AH_SPECS_KNOWN];
 /* one of them, else the address of this very variable (no userdata's
@@ -625,27 +495,29 @@ typedef char ah_specs_known_size[AH_SPECS_KNOWN == 16 ? 1 : -1];
 
 static AH_NOINLINE const ah_spec *check_spec(lua_State *L) {
   ah_state *st = ah_st(L);
-  const ah_spec *sp = ah_luv_spec(L, st->lv, W_SPEC);
+  ah_luv *lv = ah_luv_at(L, W_LV);
+  const ah_spec *sp = ah_luv_spec(L, lv && lv->st == st ? lv : NULL, W_SPEC);
   if (sp == NULL)
     luaL_error(L, "async_hooks: internal state damaged (upvalue %d of a luv "
                   "function)", AH_NUP + 1);
-  if (!st->closed) ah_store_ptr(specs_known[SPEC_HASH(sp)], sp);
+  if (!st->closed && !lv->closed) ah_store_ptr(specs_known[SPEC_HASH(sp)], sp);
   return sp;
 }
 
-/* the state st is closed: its specs leave the cache (they are freed once
-** every finalizer has run) */
-void ah_luv_forget(ah_state *st) {
+/* the ah_luv lv is finalized (lua_close): its specs leave the cache (they
+** are freed once every finalizer has run) */
+static void forget_specs(const ah_luv *lv) {
   int i;
   for (i = 0; i < AH_SPECS_KNOWN; i++) {
     const ah_spec *sp = ah_load_ptr(specs_known[i]);
-    if (sp && sp->lv->st == st) ah_store_ptr(specs_known[i], NULL);
+    if (sp && sp->lv == lv) ah_store_ptr(specs_known[i], NULL);
   }
   ah_store_ptr(spec_last, SPEC_NONE);
 }
 
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
+  ah_luv *lv;
   ah_state *st;
   int s, obs;
   /* (the one checked last first: a chain calls the same function) */
@@ -654,15 +526,16 @@ static int wrapped(lua_State *L) {
       sp = check_spec(L);
     ah_store_ptr(spec_last, sp);
   }
-  st = sp->lv->st;
+  lv = sp->lv;
+  st = lv->st;
   s = ah_slot_of(L, st);
   obs = observable(st, s);
-  if (ah_likely(!obs && !st->handles))
+  if (ah_likely(!obs && !lv->handles))
     return sp->orig(L); /* nothing to track, no tracked handle to end */
   /* no callback (a synchronous call, a close without one) and no tracked
   ** handle registration to end: as wrapped_tracked would (pos < 16: an
   ** acceptable index) */
-  if (!st->handles && !sp->alt && lua_type(L, sp->pos) <= LUA_TNIL)
+  if (!lv->handles && !sp->alt && lua_type(L, sp->pos) <= LUA_TNIL)
     return sp->orig(L);
   return wrapped_tracked(L, sp, st, s, obs);
 }
@@ -730,7 +603,7 @@ static int l_luv_wrap(lua_State *L) {
   return 1;
 }
 
-/* luv_wrap_run(run) -> the library's uv.run (see luv_dispatch.c) */
+/* luv_wrap_run(run) -> the library's uv.run (see dispatch.c) */
 static int l_luv_wrap_run(lua_State *L) {
   lua_CFunction f = lua_tocfunction(L, 1);
   ah_luv *lv;
@@ -752,6 +625,21 @@ static int l_luv_wrap_run(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* set-up                                                                */
 
+/* __gc of the ah_luv (lua_close): its native stack goes, its specs leave
+** the cache.  Callbacks can still run afterwards (luv's loop finalizer
+** runs pending ones): the inline stack stays, nothing allocates. */
+static int luv_gc(lua_State *L) {
+  ah_luv *lv = ah_luv_at(L, 1); /* (the metatable is reachable from Lua) */
+  if (lv == NULL) return 0;
+  lv->closed = 1;
+  forget_specs(lv);
+  if (lv->cb != lv->cb_inline) free(lv->cb);
+  lv->cb = lv->cb_inline;
+  lv->cb_cap = AH_CB_INLINE;
+  lv->cb_n = 0;
+  return 0;
+}
+
 /* push the state's ah_luv, made the first time */
 static ah_luv *luv_state(lua_State *L) {
   ah_state *st = ah_st(L);
@@ -764,8 +652,15 @@ static ah_luv *luv_state(lua_State *L) {
   memset(lv, 0, sizeof *lv);
   lv->self = lv;
   lv->st = st;
+  lv->cb = lv->cb_inline;
+  lv->cb_cap = AH_CB_INLINE;
   i = lua_gettop(L);
-  ah_internal_mt(L, i);
+  lua_createtable(L, 0, 2);
+  lua_pushliteral(L, "async_hooks.luv");
+  lua_setfield(L, -2, "__name");
+  lua_pushcfunction(L, luv_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, i);
   ah_luv_closures(L, i);
   lua_createtable(L, 0, 2); /* records' metatable */
   lua_pushliteral(L, "async_hooks.luv_callback");
@@ -777,8 +672,7 @@ static ah_luv *luv_state(lua_State *L) {
   lua_newtable(L);
   lua_setiuservalue(L, i, LV_SPECS);
   lua_pushvalue(L, i);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_luv_key);
-  st->lv = lv; /* complete, anchored */
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_luv_key); /* complete, anchored */
   return lv;
 }
 
@@ -861,7 +755,15 @@ static const luaL_Reg luv_funcs[] = {
   {NULL, NULL}
 };
 
-/* module table on top: the luv functions; slots.c asks ah_luv_resource
+void ah_luv_stats(lua_State *L) {
+  ah_luv *lv = ah_luv_push(L);
+  lua_Integer fast = lv ? lv->fast_callbacks : 0;
+  lua_pop(L, 1);
+  lua_pushinteger(L, fast);
+  lua_setfield(L, -2, "fast_callbacks");
+}
+
+/* module table on top: the luv functions; anchors.c asks ah_luv_resource
 ** for the lazily made resource of a running callback */
 void ah_open_luv(lua_State *L) {
   ah_st(L)->lazy_resource = ah_luv_resource;

@@ -1,9 +1,9 @@
 /*
-** luv_dispatch.c - every luv callback runs in its own context.
+** dispatch.c - every luv callback runs in its own context.
 **
 ** luv calls every Lua callback through ctx->cb_pcall; the library's
 ** replacement (ah_luv_cb_pcall) runs each one in its context: a record's
-** (see luv.c), or the root context (asyncId 0, empty frame) for a callback
+** (see register.c), or the root context (asyncId 0, empty frame) for a callback
 ** nobody tracked, and restores the caller's context afterwards, also when
 ** the callback raised (luv's own handler has printed the error, with its
 ** traceback, by then).  Three paths:
@@ -27,54 +27,55 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "luv.h"
+#include "private.h"
 
 /* ------------------------------------------------------------------- */
 /* native stack of entered records                                      */
 
-static AH_COLD int cb_grow(ah_state *st) {
-  size_t ncap = st->cb_cap * 2;
+static AH_COLD int cb_grow(ah_luv *lv) {
+  size_t ncap = lv->cb_cap * 2;
   lua_Integer *n;
-  if (st->closed) return 0; /* lua_close: nothing allocates (the callers
+  if (lv->closed) return 0; /* lua_close: nothing allocates (the callers
                             ** cope, as without memory) */
-  if (st->cb == st->cb_inline) {
+  if (lv->cb == lv->cb_inline) {
     n = malloc(ncap * sizeof *n);
-    if (n) memcpy(n, st->cb_inline, sizeof st->cb_inline);
+    if (n) memcpy(n, lv->cb_inline, sizeof lv->cb_inline);
   } else {
-    n = realloc(st->cb, ncap * sizeof *n);
+    n = realloc(lv->cb, ncap * sizeof *n);
   }
   if (!n) return 0;
-  st->cb = n;
-  st->cb_cap = ncap;
+  lv->cb = n;
+  lv->cb_cap = ncap;
   return 1;
 }
 
-static int cb_push(ah_state *st, lua_Integer id) {
-  if (ah_unlikely(st->cb_n == st->cb_cap) && !cb_grow(st)) return 0;
-  st->cb[st->cb_n++] = id;
+static int cb_push(ah_luv *lv, lua_Integer id) {
+  if (ah_unlikely(lv->cb_n == lv->cb_cap) && !cb_grow(lv)) return 0;
+  lv->cb[lv->cb_n++] = id;
   return 1;
 }
 
-static AH_COLD void cb_shrink(ah_state *st) {
-  memcpy(st->cb_inline, st->cb, st->cb_n * sizeof *st->cb);
-  free(st->cb);
-  st->cb = st->cb_inline;
-  st->cb_cap = AH_CB_INLINE;
+static AH_COLD void cb_shrink(ah_luv *lv) {
+  memcpy(lv->cb_inline, lv->cb, lv->cb_n * sizeof *lv->cb);
+  free(lv->cb);
+  lv->cb = lv->cb_inline;
+  lv->cb_cap = AH_CB_INLINE;
 }
 
-static void cb_pop(ah_state *st) {
-  st->cb_n--;
-  if (ah_unlikely(st->cb != st->cb_inline) && st->cb_n <= AH_CB_INLINE / 2)
-    cb_shrink(st);
+static void cb_pop(ah_luv *lv) {
+  lv->cb_n--;
+  if (ah_unlikely(lv->cb != lv->cb_inline) && lv->cb_n <= AH_CB_INLINE / 2)
+    cb_shrink(lv);
 }
 
 /* `after` for every record entered above depth (an error unwound them);
 ** 1 with the first error of their dispatches pushed */
-static int cb_unwind(lua_State *L, ah_state *st, size_t depth) {
+static int cb_unwind(lua_State *L, ah_luv *lv, size_t depth) {
+  ah_state *st = lv->st;
   int err = 0;
-  while (st->cb_n > depth) {
-    err = ah_keep_first(L, err, ah_emit_id(L, st, AH_AFTER, st->cb[st->cb_n - 1]));
-    cb_pop(st);
+  while (lv->cb_n > depth) {
+    err = ah_keep_first(L, err, ah_emit_id(L, st, AH_AFTER, lv->cb[lv->cb_n - 1]));
+    cb_pop(lv);
     st->active--;
   }
   return err;
@@ -102,12 +103,14 @@ static AH_COLD void luv_report(lua_State *L, ah_luv *lv, int flags) {
 ** restore; called protected so that the context is restored on error */
 int ah_luv_rec_call(lua_State *L) {
   ah_state *st = ah_st(L);
+  ah_luv *lv;
   ah_rec *r = NULL;
   int n = lua_gettop(L), s, i, status, oneshot, pov;
   lua_Integer id, pid, ptrig;
   luaL_checkstack(L, n + 24, "async_hooks");
   /* self: a record of this state (the metatable is reachable from Lua) */
-  r = ah_luv_record(L, ah_luv_push(L), 1);
+  lv = ah_luv_push(L);
+  r = ah_luv_record(L, lv, 1);
   lua_pop(L, 1);
   if (!r) return luaL_error(L, "bad self (async_hooks luv record expected)");
   s = ah_slot_of(L, st);
@@ -121,7 +124,7 @@ int ah_luv_rec_call(lua_State *L) {
   lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
   ah_luv_push_resource(L, r, 1); /* n+3 */
   lua_getiuservalue(L, 1, RV_FRAME); /* n+4 */
-  if (!cb_push(st, id)) return luaL_error(L, "not enough memory");
+  if (!cb_push(lv, id)) return luaL_error(L, "not enough memory");
   st->slots[s].id = id;
   st->slots[s].trigger = r->trigger;
   ah_set_resource(L, s, n + 3);
@@ -141,7 +144,7 @@ int ah_luv_rec_call(lua_State *L) {
     for (i = 2; i <= n; i++) lua_pushvalue(L, i);
     status = lua_pcall(L, n - 1, 0, 0) != LUA_OK;
   }
-  status = ah_keep_first(L, status, cb_unwind(L, st, st->cb_n - 1));
+  status = ah_keep_first(L, status, cb_unwind(L, lv, lv->cb_n - 1));
   s = ah_slot_of(L, st);
   st->slots[s].id = pid;
   st->slots[s].trigger = ptrig;
@@ -157,18 +160,18 @@ int ah_luv_rec_call(lua_State *L) {
 /* ------------------------------------------------------------------- */
 /* the cb_pcall replacement                                              */
 
-/* The loop runs inside the library's wrapper of uv.run (see luv.c), a core
+/* The loop runs inside the library's wrapper of uv.run (see register.c), a core
 ** closure: this C code can use the core's own functions.  Switches the
 ** callback's context, lets luv call the user's function itself, restores.
 ** The caller checked that nothing below allocates (stack reserved, the
-** thread's anchor keys exist, r's entry in st->cb pushed).  Stack: [X
+** thread's anchor keys exist, r's entry in lv->cb pushed).  Stack: [X
 ** args], while the callback runs [X prev_res prev_frame res fn args].  A
 ** record's resource is not anchored as the thread's: R[s] holds it (alive
 ** on the stack), and a record that has none yet is found through lv->cur
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
-typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
+typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (private.h) */
 /* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
@@ -179,16 +182,16 @@ typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (luv.h) */
 #define RUN_LV lua_upvalueindex(AH_NUP + 1)
 static AH_NOINLINE int flush_in_run(lua_State *L, ah_luv *lv, ah_state *st) {
   int err;
-  if (!st->luv_pending) return ah_flush_status(L, st);
+  if (!st->notify_pending) return ah_flush_status(L, st);
   if (lua_touserdata(L, RUN_LV) == lv) /* (else: damaged, see ah_luv_run) */
     lua_getiuservalue(L, RUN_LV, LV_FLUSH);
   else
     lua_pushnil(L);
   if (lua_pcall(L, 0, 0, 0) != LUA_OK) { /* out of memory: */
     lua_pop(L, 1);
-    st->luv_pending = 0; /* the destroys without the Lua step, */
+    st->notify_pending = 0; /* the destroys without the Lua step, */
     err = ah_flush_status(L, st);
-    st->luv_pending = 1; /* which is retried at the next flush */
+    st->notify_pending = 1; /* which is retried at the next flush */
     return err;
   }
   return ah_flush_status(L, st);
@@ -227,7 +230,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
   lua_Integer id = 0, trigger = 0;
-  size_t depth = st->cb_n - (r || q); /* the caller pushed r's (q's) entry */
+  size_t depth = lv->cb_n - (r || q); /* the caller pushed r's (q's) entry */
   int oneshot, has_res;
   const void *rframe = NULL;
   struct ah_luv_cur pcur = lv->cur;
@@ -239,12 +242,12 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lua_pushboolean(L, 0);
   lua_rawgeti(L, AH_UVI_F, s);
   if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
-            ** caller read (the id pushed on st->cb); its kind is read if
+            ** caller read (the id pushed on lv->cb); its kind is read if
             ** need be (the destroy of a request), its resource from it
             ** (lv->cur.base) if asked for; its frame is never the empty one
             ** (a quick record is made only where a frame is set): it is
             ** always switched */
-    id = st->cb[st->cb_n - 1];
+    id = lv->cb[lv->cb_n - 1];
     trigger = qtrig;
     has_res = oneshot = 0;
     lua_pushnil(L);
@@ -286,7 +289,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
       else
         st->slots[s].anchored &= ~A_FRAME;
       if (r) { /* F[s] is its frame now: a re-arm from its callback finds
-               ** it there without reading F (luv.c's rearm) */
+               ** it there without reading F (register.c's rearm) */
         r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
         r->fgen = st->fgen;
       }
@@ -312,7 +315,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
       lua_rawseti(L, AH_UVI_R, s);
       lv->cur.wrote = 1;
     }
-    st->active += 2; /* the callback, and its entry in st->cb */
+    st->active += 2; /* the callback, and its entry in lv->cb */
     /* (room: ah_luv_run reserved it for this frame) */
     if (ah_unlikely(st->nhooks[AH_BEFORE]) &&
         ah_unlikely(ah_emit_id_reserved(L, st, AH_BEFORE, id))) {
@@ -348,15 +351,15 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
   ret = lv->orig(L, nargs, nresults, flags);
   /* leave: after (also for the records an error unwound), restore; an
   ** error of these dispatches is handed to luv once all is restored */
-  if (ah_unlikely(st->cb_n != depth + (r || q))) {
-    err = cb_unwind(L, st, depth);
+  if (ah_unlikely(lv->cb_n != depth + (r || q))) {
+    err = cb_unwind(L, lv, depth);
   } else if (r || q) {
     if (ah_unlikely(st->nhooks[AH_AFTER])) { /* (room: as for before, unless
                                              ** the callback left results) */
       if (nresults == 0) err = ah_emit_id_reserved(L, st, AH_AFTER, id);
       else err = ah_emit_id(L, st, AH_AFTER, id);
     }
-    cb_pop(st);
+    cb_pop(lv);
     st->active--;
   }
   if (q && ah_unlikely(st->nhooks[AH_DESTROY])) { /* a request's (as a record's) */
@@ -392,7 +395,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
     lua_pop(L, 1);
   }
   st->active--;
-  if (ah_unlikely(st->dq_n || st->luv_pending) && !st->active && !st->dispatching)
+  if (ah_unlikely(st->dq_n || st->notify_pending) && !st->active && !st->dispatching)
     err = ah_keep_first(L, err, flush_in_run(L, lv, st));
   if (ah_unlikely(err)) luv_report(L, lv, flags);
   if (ah_likely(nresults == 0)) {
@@ -407,7 +410,7 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 /* The slow path's enter(X): save the current thread's context and enter
 ** the callback's: the record's (its before is emitted here), or else the
 ** root context.  Returns previous resource, frame, id, trigger, depth of
-** st->cb, the function luv must call, and nil, or else (the before
+** lv->cb, the function luv must call, and nil, or else (the before
 ** dispatch failed: the error is the callback's, which does not run)
 ** raise_last and the error.  Everything that can fail comes first: nothing
 ** has changed if it does. */
@@ -415,8 +418,8 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 /* the ah_luv of the enter/leave closure running (its E_LV, reachable
 ** from Lua: checked) */
 static ah_luv *e_lv(lua_State *L, ah_state *st) {
-  ah_luv *lv = (ah_luv *)lua_touserdata(L, E_LV);
-  if (lv == NULL || lv != st->lv)
+  ah_luv *lv = ah_luv_at(L, E_LV);
+  if (lv == NULL || lv->st != st)
     luaL_error(L, "async_hooks: internal state damaged (upvalue %d)", AH_NUP + 1);
   return lv;
 }
@@ -437,12 +440,12 @@ static int luv_enter(lua_State *L) {
   lua_rawgeti(L, AH_UV_F, s);
   lua_pushinteger(L, st->slots[s].id);
   lua_pushinteger(L, st->slots[s].trigger);
-  lua_pushinteger(L, (lua_Integer)st->cb_n);
+  lua_pushinteger(L, (lua_Integer)lv->cb_n);
   if (r) {
     ah_luv_push_resource(L, r, 1);        /* 7 */
     lua_getiuservalue(L, 1, RV_FRAME); /* 8 */
     lua_getiuservalue(L, 1, RV_CB);    /* 9 */
-    if (!cb_push(st, r->id)) return luaL_error(L, "not enough memory");
+    if (!cb_push(lv, r->id)) return luaL_error(L, "not enough memory");
     /* switch */
     st->active += 2;
     st->slots[s].id = r->id;
@@ -486,7 +489,7 @@ static int luv_leave(lua_State *L) {
   ah_rec *r = ah_luv_record(L, lv, 6);
   int s, err;
   lua_settop(L, 6);
-  err = cb_unwind(L, st, (size_t)lua_tointeger(L, 5));
+  err = cb_unwind(L, lv, (size_t)lua_tointeger(L, 5));
   if (r && (r->flags & REC_ONESHOT) && st->nhooks[AH_DESTROY])
     ah_queue_destroy(st, r->id);
   s = ah_slot_of(L, st);
@@ -507,7 +510,7 @@ static int luv_leave(lua_State *L) {
 /* the Lua step of a flush (flush_in_run delivers the destroys) */
 static int luv_flush(lua_State *L) {
   ah_state *st = ah_st(L);
-  if (st->luv_pending) ah_luv_notify(L, st);
+  if (st->notify_pending) ah_notify_destroy_hooks(L, st);
   return 0;
 }
 
@@ -554,14 +557,14 @@ static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
 static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
                          int nargs, int nresults, int flags) {
   lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
-  size_t depth = st->cb_n;
+  size_t depth = lv->cb_n;
   int ret;
   st->slots[s].id = st->slots[s].trigger = 0;
   st->active++;
   ret = lv->orig(L, nargs, nresults, flags);
-  if (!(st->slots[s].anchored & (A_FRAME | A_RES)) && st->cb_n == depth &&
+  if (!(st->slots[s].anchored & (A_FRAME | A_RES)) && lv->cb_n == depth &&
       !(st->dq_n && st->active == 1 && !st->dispatching)) {
-    st->fast_callbacks++;
+    lv->fast_callbacks++;
     st->slots[s].id = pid;
     st->slots[s].trigger = ptrig;
     st->active--;
@@ -570,7 +573,7 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   /* the callback set a value, or an error unwound records, or destroys
   ** are due: the full leave() */
   if (!lua_checkstack(L, 10)) { /* no memory: restore what C can */
-    while (st->cb_n > depth) { cb_pop(st); st->active--; }
+    while (lv->cb_n > depth) { cb_pop(lv); st->active--; }
     st->slots[s].id = pid;
     st->slots[s].trigger = ptrig;
     st->active--;
@@ -593,13 +596,13 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
 
 
 /* The inline path of a quick record (the caller checked all but the room
-** in st->cb): a function of its own, apart from the rest, so that it is a
+** in lv->cb): a function of its own, apart from the rest, so that it is a
 ** short run of code; and of a record (the caller pushed its entry), inlined
 ** where it is called (one prologue per callback: the timer chain's path) */
 static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
                                   int base, int nargs, int nresults, int flags) {
   lua_Integer qtrig;
-  if (ah_unlikely(!cb_push(st, ah_luv_q_ids(L, base, &qtrig)))) {
+  if (ah_unlikely(!cb_push(lv, ah_luv_q_ids(L, base, &qtrig)))) {
     if (lua_touserdata(L, RUN_LV) != lv) /* (damaged: see ah_luv_run) */
       return lv->orig(L, nargs, nresults, flags);
     lua_pushvalue(L, RUN_LV);
@@ -676,19 +679,19 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
     int fi = base = lua_gettop(L) - nargs;
     lua_CFunction f = lua_tocfunction(L, fi); /* NULL: not a C function */
     if (f == ah_luv_rec_fn1 && lv->closures) {
-      /* a re-armed slot's closure (luv.c's rearm makes them, always with
+      /* a re-armed slot's closure (register.c's rearm makes them, always with
       ** a record of this state): luv runs the record from here on */
       lua_getupvalue(L, fi, 1);
       if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) lua_replace(L, fi);
       else lua_pop(L, 1);
     } else if (f == ah_luv_q_fn) {
-      q = 1; /* a quick record (luv.h) */
+      q = 1; /* a quick record (private.h) */
     } else if (lua_type(L, fi) != LUA_TFUNCTION || lv->closures) {
       r = ah_luv_record(L, lv, fi);
     }
   }
   if (!r && !q && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
-      !st->cb_n) /* nested in a callback: R[s] may hold the outer one's */
+      !lv->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (!base) base = lua_gettop(L) - nargs;
   /* a quick record whose resource is asked for (res_on) goes the slow way:
@@ -696,7 +699,7 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
   if (in_run && known && /* stack: reserved by ah_luv_run */
       (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
       !(r && !(r->flags & REC_RES) && st->res_on) && !(q && st->res_on) &&
-      (!r || cb_push(st, r->id))) {
+      (!r || cb_push(lv, r->id))) {
     if (q) return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
     return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
   }
@@ -720,7 +723,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
     uintptr_t s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
     if (ah_likely(!st->ov.slot && s < (uintptr_t)st->cap && st->slots[s].L == L)) {
       int a = st->slots[s].anchored;
-      int root = !(a & (A_FRAME | A_RES)) && !st->cb_n;
+      int root = !(a & (A_FRAME | A_RES)) && !lv->cb_n;
       flags |= lv->flags;
       if (lv->records) { /* the callback may be a record */
         int base = lua_gettop(L) - nargs;
@@ -731,7 +734,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
             return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
           root = 0;
         } else if (f == ah_luv_rec_fn1 || f == ah_luv_rec_fn) {
-          /* a record's closure (luv.c makes them, always with a record of
+          /* a record's closure (register.c makes them, always with a record of
           ** this state: a re-armed slot's, or a registration luv takes only
           ** a function for; its upvalue is reachable from Lua: checked) */
           if (keys && lv->closures) { /* (the record path is inlined here
@@ -741,7 +744,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
             lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? 1 : AH_NUP + 1);
             if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {
               lua_replace(L, base); /* the record, as cb_pcall_full reads it */
-              if (((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
+              if (((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))
                 return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
             } else {
               lua_pop(L, 1);
@@ -751,7 +754,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
         } else if (f || lua_type(L, base) != LUA_TFUNCTION) {
           /* a record itself (luv calls it through its __call), maybe */
           ah_rec *r = f ? NULL : ah_luv_record(L, lv, base);
-          if (r && keys && ((r->flags & REC_RES) || !st->res_on) && cb_push(st, r->id))
+          if (r && keys && ((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))
             return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
           root = 0;
         }
@@ -770,10 +773,10 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
 ** at the latest on the next loop iteration. */
 int ah_luv_run(lua_State *L) {
   ah_state *st = ah_st(L);
-  ah_luv *lv = st->lv;
+  ah_luv *lv = ah_luv_at(L, RUN_LV);
   /* the dispatch uses this frame's upvalues unchecked (it must not raise):
   ** they are checked here, before the loop runs */
-  if (lv == NULL || lua_touserdata(L, RUN_LV) != lv || lv->run == NULL ||
+  if (lv == NULL || lv->st != st || lv->run == NULL ||
       lua_touserdata(L, RUN_LVP) != lv || !ah_tables_ok(L, AH_TALL))
     return luaL_error(L, "async_hooks: internal state damaged (uv.run)");
   /* room for what dispatch_run pushes: luv pushes each callback and its

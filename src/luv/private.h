@@ -1,12 +1,20 @@
 /*
-** luv.h - what the parts of the luv integration share: registration
-** (luv.c), records (luv_record.c) and dispatch (luv_dispatch.c).  Private
-** to those three files.
+** private.h - what the parts of the luv integration share: registration
+** (register.c), records (record.c) and dispatch (dispatch.c).  Every
+** layout of the luv integration is defined here, once.  Private to those
+** three files.
 */
-#ifndef AH_LUV_H
-#define AH_LUV_H
+#ifndef AH_LUV_PRIVATE_H
+#define AH_LUV_PRIVATE_H
 
-#include "core.h"
+#include "luv.h"
+#include "../base.h"
+#include "../slots.h"
+#include "../anchors.h"
+#include "../hooks.h"
+#include "../queue.h"
+
+#define AH_CB_INLINE 32 /* entries of the inline callback stack */
 
 typedef int (*ah_luv_pcall)(lua_State *L, int nargs, int nresults, int flags);
 
@@ -19,15 +27,15 @@ typedef struct ah_luv_ctx { /* prefix of luv_ctx_t */
 /* registry[&ah_luv_key]: one per Lua state, never collected before it */
 typedef struct ah_luv {
   const void *null;   /* NULL: it is handed out as a light userdata too
-                      ** (RUN_LVP; see core.h, AH_NULLOBJ) */
+                      ** (RUN_LVP; see ah.h, AH_NULLOBJ) */
   const void *self;   /* this very struct (ah_luv_push checks it) */
   ah_luv_ctx *ctx;    /* NULL until attached */
   ah_luv_pcall orig;  /* luv's own cb_pcall */
   ah_state *st;
   lua_CFunction run;  /* luv's uv.run */
   lua_CFunction walk; /* luv's uv.walk: runs its callback at once, through
-                      ** cb_pcall (see luv_dispatch.c's in_walk) */
-  lua_CFunction is_closing; /* luv's uv.is_closing (see luv.c's kept) */
+                      ** cb_pcall (see dispatch.c's in_walk) */
+  lua_CFunction is_closing; /* luv's uv.is_closing (see register.c's kept) */
   int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   int records;        /* a record was made: a callback can be one */
   /* the record whose callback runs inline (dispatch_run), with the asyncId
@@ -43,9 +51,20 @@ typedef struct ah_luv {
                ** executionAsyncResource() finds it (0: none) */
   } cur;
   int flags; /* or'ed into luv's flags (tests: 1 = no exit, 4 = no message) */
+  int handles;                /* tracked handle registrations (upper bound) */
+  lua_Integer fast_callbacks; /* callbacks that took the no-Lua path */
+  int closed;                 /* finalized (lua_close): nothing allocates */
+  lua_Integer *cb;            /* native stack of entered records' ids */
+  size_t cb_n, cb_cap;
+  lua_Integer cb_inline[AH_CB_INLINE];
 } ah_luv;
 
 extern const void *const ah_luv_key;
+/* the ah_luv at idx, or NULL (it is reachable from Lua) */
+static inline ah_luv *ah_luv_at(lua_State *L, int idx) {
+  ah_luv *lv = (ah_luv *)lua_touserdata(L, idx);
+  return lv && lua_rawlen(L, idx) == sizeof(ah_luv) && lv->self == lv ? lv : NULL;
+}
 ah_luv *ah_luv_push(lua_State *L);
 const struct ah_spec *ah_luv_spec(lua_State *L, const ah_luv *lv, int idx);
 /* luv's cb_pcall, kept for a state whose ah_luv the debug library took
@@ -99,7 +118,7 @@ typedef struct ah_rec {
 } ah_rec;
 #define AH_FSLOT_MAX 0xFFFFFF /* fslot of a slot this large: unknown */
 /* where an inline dispatch keeps the running record's resource (if it had
-** one at its entry): lv->cur.base + AH_D_RES (luv_dispatch.c's D_RES) */
+** one at its entry): lv->cur.base + AH_D_RES (dispatch.c's D_RES) */
 #define AH_D_RES 3
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
@@ -129,7 +148,7 @@ enum {
 #define RF_REC lua_upvalueindex(AH_NUP + 1)
 
 /* Upvalues of the library's uv.run, after the shared ones: the ah_luv,
-** two nils, and last the mark that luv_dispatch.c's cb_pcall looks for in
+** two nils, and last the mark that dispatch.c's cb_pcall looks for in
 ** the running function.  No other core closure has that many upvalues, so
 ** none can hold the mark where it is looked for, whatever the debug
 ** library put in its upvalues. */
@@ -161,13 +180,13 @@ static inline ah_rec *ah_luv_rec_at(lua_State *L, const ah_luv *lv, int idx) {
   return r && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
 }
 
-/* luv_dispatch.c */
+/* dispatch.c */
 int ah_luv_rec_call(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
 int ah_luv_run(lua_State *L);
 void ah_luv_closures(lua_State *L, int lvi);
 
-/* luv_record.c */
+/* record.c */
 int ah_luv_rec_fn(lua_State *L);
 int ah_luv_rec_fn1(lua_State *L);
 int ah_luv_q_fn(lua_State *L);
@@ -177,5 +196,16 @@ void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx);
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
 int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off);
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
+int ah_luv_resource(lua_State *L, ah_state *st, int s, int t);
+/* a handle's registrations, kept in its user value: a record, or
+** {slot -> record} for one with registrations in several slots */
+#define AH_SLOT_NIL 2 /* ah_luv_slot_reserve: the user value is nil */
+ah_rec *ah_luv_slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
+                        int *closure);
+int ah_luv_slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot);
+void ah_luv_slot_set(lua_State *L, ah_luv *lv, int h, int slot, int rec,
+                     int reserved);
+void ah_luv_slot_drop(lua_State *L, ah_state *st, ah_luv *lv, int h,
+                      int slot);
 
 #endif
