@@ -79,6 +79,7 @@ enum {
   AUX_LIBDIR,    /* the folder of the library's Lua files ("@.../"), or
                  ** nil: errors are positioned past their frames (ah_where) */
   AUX_INTERNAL_MT, /* metatable of the internal userdata (see AH_NULLOBJ) */
+  AUX_DESTROYED, /* resource -> true once its emitDestroy ran (weak keys) */
   AUX_HOOK1,     /* per kind (AUX_HOOK1 + kind - 1): the only hook of the
                  ** kind in use, or false (see hooks.c) */
   AUX_N = AUX_HOOK1 + AH_NKINDS

@@ -81,14 +81,22 @@ static int l_gc_token_cancel(lua_State *L) {
 }
 
 /* emit_destroy(id[, resource, token]): queue, and deliver now when nothing
-** is active (a scope of the resource open in a suspended coroutine is out:
-** it stays out, see scope.c's ah_scopes_slice).  The resource's GC token
-** is cancelled first: when a destroy hook's dispatch raises, the destroy
-** was delivered all the same, and the collection must not queue another */
+** is active.  The resource is marked destroyed: a scope of it open in a
+** suspended coroutine is out, and stays out (see scope.c's
+** ah_scopes_slice).  The resource's GC token is cancelled first: when a
+** destroy hook's dispatch raises, the destroy was delivered all the same,
+** and the collection must not queue another */
 static int l_emit_destroy(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_Integer id = luaL_checkinteger(L, 1);
   ah_gctok *t = lua_isuserdata(L, 3) ? gc_token_at(L, 3) : NULL;
+  if (lua_type(L, 2) == LUA_TTABLE) { /* first: can fail */
+    ah_auxt(L, AUX_DESTROYED);
+    lua_pushvalue(L, 2);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
   if (t) t->done = 1;
   if (st->nhooks[AH_DESTROY]) ah_queue_destroy(st, id);
   ah_flush_maybe(L, st);
@@ -104,7 +112,19 @@ static const luaL_Reg resource_funcs[] = {
   {NULL, NULL}
 };
 
+int ah_resource_destroyed(lua_State *L, int idx) {
+  int destroyed;
+  idx = lua_absindex(L, idx);
+  ah_auxt(L, AUX_DESTROYED);
+  lua_pushvalue(L, idx);
+  destroyed = lua_rawget(L, -2) == LUA_TBOOLEAN && lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return destroyed;
+}
+
 void ah_open_resource(lua_State *L) {
+  ah_weak_table(L, "k", 0);
+  lua_rawseti(L, AH_UV_AUX, AUX_DESTROYED);
   ah_new_metatable(L, "async_hooks.gctoken", "__gc", gctok_gc, AUX_GCTOK_MT);
   ah_add_funcs(L, resource_funcs);
 }

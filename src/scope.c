@@ -21,6 +21,7 @@
 #include "slots.h"
 #include "anchors.h"
 #include "hooks.h"
+#include "resource.h"
 
 typedef struct ah_guard {
   const ah_state *st; /* first: what marks a guard of this state (the
@@ -211,18 +212,13 @@ int ah_scopes_slice(lua_State *L, ah_state *st, int kind, int co_idx) {
     ah_guard *g = (ah_guard *)lua_touserdata(L, idx);
     if (g->closed || (kind == AH_BEFORE ? !g->out : g->out)) continue;
     lua_getiuservalue(L, idx, G_RES);
-    /* a resource whose destroy was asked for (emitDestroy, api.lua's
-    ** _destroyed) while its scope was out keeps it out: its destroy is
-    ** queued, maybe delivered, and comes after its last after */
-    if (kind == AH_BEFORE && lua_type(L, -1) == LUA_TTABLE) {
-      int destroyed;
-      lua_pushliteral(L, "_destroyed");
-      destroyed = lua_rawget(L, -2) == LUA_TBOOLEAN && lua_toboolean(L, -1);
+    /* a resource whose destroy was asked for (emitDestroy) while its
+    ** scope was out keeps it out: its destroy is queued, maybe delivered,
+    ** and comes after its last after */
+    if (kind == AH_BEFORE && lua_type(L, -1) == LUA_TTABLE &&
+        ah_resource_destroyed(L, -1)) {
       lua_pop(L, 1);
-      if (destroyed) {
-        lua_pop(L, 1);
-        continue;
-      }
+      continue;
     }
     g->out = kind == AH_AFTER;
     if (ah_unlikely(ah_emit_as(L, st, kind, g->id, g->trigger, -1))) {

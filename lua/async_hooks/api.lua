@@ -610,10 +610,9 @@ return function(B)
   function AsyncResource:emitDestroy()
     if getmetatable(self) ~= AsyncResource then raise(badself("emitDestroy", "AsyncResource", self)) end
     if not self._destroyed then
-      -- (_destroyed: on Lua 5.4 a scope of it open in a suspended
-      -- coroutine stays out, with no more before/after: src/scope.c reads
-      -- the field.  The ngx backend holds the destroy instead while its
-      -- scopes are open, returning false, and keeps the GC token for it)
+      -- (the backend marks the resource destroyed: on Lua 5.4 a scope of
+      -- it open in a suspended coroutine stays out, with no more
+      -- before/after)
       self._destroyed = true
       if emit_destroy(self._id, self, self._gctok) ~= false and self._gctok then
         gc_token_cancel(self._gctok)
