@@ -10,7 +10,10 @@
 local core = require("async_hooks.core")
 
 local pairs, ipairs, type, rawget = pairs, ipairs, type, rawget
-local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = 0, 1, 2, 3, 4
+-- kinds (src/luv/ knows them by these names): a handle's callback, kept
+-- until its slot is re-armed or the handle closed; a handle created by the
+-- call itself; a close callback; a request (one-shot); new_work's
+local K_HANDLE, K_CREATE, K_CLOSE, K_REQ, K_WORK = "handle", "create", "close", "request", "work"
 
 --- Every callback-taking luv function: {name, position, alternative
 -- position, kind[, resource type[, named arguments]]}; `fn`: luv takes only
@@ -130,7 +133,10 @@ function M.attach(uv, persist)
   for _, s in ipairs(SPECS) do
     local orig = rawget(uv, s[1])
     if type(orig) == "function" and not wrappers[orig] then
-      wrappers[orig] = core.luv_wrap(orig, s[1], s[2], s[3], s[4], s[5], s.slot, s.fn, s[6])
+      wrappers[orig] = core.luv_wrap(orig, {
+        op = s[1], pos = s[2], alt = s[3], kind = s[4], type = s[5], fields = s[6],
+        slot = s.slot, fn = s.fn,
+      })
     end
   end
   -- uv.run itself: callbacks that run inside the library's uv.run find the

@@ -170,8 +170,6 @@ int ah_luv_rec_call(lua_State *L) {
 ** on the stack), and a record that has none yet is found through lv->cur
 ** if executionAsyncResource() asks (ah_luv_resource), which happens once:
 ** records get theirs at entry from then on. */
-enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
-typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (private.h) */
 /* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
@@ -179,7 +177,6 @@ typedef char ah_d_res_matches[D_RES == AH_D_RES ? 1 : -1]; /* (private.h) */
 ** closure of the frame that runs the loop (RUN_LV); the rest allocates
 ** nothing (ah_flush's stack check fits in what ah_luv_run reserved).
 ** Returns 1 with the first error of the destroys' dispatches pushed. */
-#define RUN_LV lua_upvalueindex(AH_NUP + 1)
 static AH_NOINLINE int flush_in_run(lua_State *L, ah_luv *lv, ah_state *st) {
   int err;
   if (!st->notify_pending) return ah_flush_status(L, st);
@@ -414,7 +411,6 @@ static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
 ** dispatch failed: the error is the callback's, which does not run)
 ** raise_last and the error.  Everything that can fail comes first: nothing
 ** has changed if it does. */
-#define E_LV lua_upvalueindex(AH_NUP + 1)
 /* the ah_luv of the enter/leave closure running (its E_LV, reachable
 ** from Lua: checked) */
 static ah_luv *e_lv(lua_State *L, ah_state *st) {
@@ -681,7 +677,7 @@ static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int 
     if (f == ah_luv_rec_fn1 && lv->closures) {
       /* a re-armed slot's closure (register.c's rearm makes them, always with
       ** a record of this state): luv runs the record from here on */
-      lua_getupvalue(L, fi, 1);
+      lua_getupvalue(L, fi, RF1_REC_N);
       if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) lua_replace(L, fi);
       else lua_pop(L, 1);
     } else if (f == ah_luv_q_fn) {
@@ -741,7 +737,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
             ** and below: one copy for both measured 9 instructions more per
             ** step of a re-armed timer chain, 3447 against 3438) */
             ah_rec *r;
-            lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? 1 : AH_NUP + 1);
+            lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? RF1_REC_N : RF_REC_N);
             if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {
               lua_replace(L, base); /* the record, as cb_pcall_full reads it */
               if (((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))

@@ -117,9 +117,6 @@ typedef struct ah_rec {
   unsigned fgen;
 } ah_rec;
 #define AH_FSLOT_MAX 0xFFFFFF /* fslot of a slot this large: unknown */
-/* where an inline dispatch keeps the running record's resource (if it had
-** one at its entry): lv->cur.base + AH_D_RES (dispatch.c's D_RES) */
-#define AH_D_RES 3
 enum { RV_CB = 1, RV_FRAME, RV_RES, RV_A1, RV_N = RV_RES };
 enum {
   REC_ONESHOT = 1, /* a request or close callback: destroyed after it ran */
@@ -144,8 +141,21 @@ enum {
   Q_N = Q_RES
 };
 
-/* upvalue of a record closure (rec_fn), after the shared ones */
-#define RF_REC lua_upvalueindex(AH_NUP + 1)
+/* Closure layouts.  A record closure: rec_fn (a registration luv takes
+** only a function for) has the shared upvalues and the record after
+** them; rec_fn1 (a re-armed handle slot) the record alone. */
+#define RF_REC_N (AH_NUP + 1)
+#define RF_REC lua_upvalueindex(RF_REC_N)
+#define RF1_REC_N 1
+
+/* a wrapper of a callback-taking luv function, after the shared ones */
+#define W_SPEC lua_upvalueindex(AH_NUP + 1)
+#define W_LV lua_upvalueindex(AH_NUP + 2)
+#define W_RECMT lua_upvalueindex(AH_NUP + 3) /* the records' metatable */
+#define W_NUP (AH_NUP + 3)
+
+/* the slow dispatch's enter and leave closures: the ah_luv */
+#define E_LV lua_upvalueindex(AH_NUP + 1)
 
 /* Upvalues of the library's uv.run, after the shared ones: the ah_luv,
 ** two nils, and last the mark that dispatch.c's cb_pcall looks for in
@@ -159,6 +169,15 @@ enum {
 #define RUN_NUP (AH_NUP + 4)
 #define RUN_MARK_N RUN_NUP
 #define RUN_MARK lua_upvalueindex(RUN_MARK_N)
+typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > RF_REC_N &&
+                                RUN_NUP > Q_N + 2 ? 1 : -1];
+
+/* The inline dispatch's values, at base + D_* of the frame of the
+** library's uv.run (base: the callback's index): the thread's previous
+** resource and frame, the record's resource (nil: none at its entry) and
+** frame.  lv->cur.base + D_RES is where a running record's resource is
+** found (record.c) and kept across a re-arm (register.c). */
+enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
 
 /* the asyncId of the quick record at idx, and its triggerAsyncId (the
 ** dispatch reads them on every quick record's callback: inline) */

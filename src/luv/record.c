@@ -43,7 +43,7 @@ int ah_luv_rec_fn(lua_State *L) {
 ** without our cb_pcall in front (after uninstall()): the record's __call. */
 int ah_luv_rec_fn1(lua_State *L) {
   int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_pushvalue(L, lua_upvalueindex(RF1_REC_N));
   lua_insert(L, 1);
   lua_call(L, n, LUA_MULTRET);
   return lua_gettop(L);
@@ -69,8 +69,8 @@ ah_rec *ah_luv_record(lua_State *L, const ah_luv *lv, int idx) {
     if (f == NULL || lv == NULL) return NULL;
     if (f == ah_luv_q_fn) up = Q_RES; /* its record, once made (q_record) */
     else if (!lv->closures) return NULL;
-    else if (f == ah_luv_rec_fn1) up = 1;
-    else if (f == ah_luv_rec_fn) up = AH_NUP + 1;
+    else if (f == ah_luv_rec_fn1) up = RF1_REC_N;
+    else if (f == ah_luv_rec_fn) up = RF_REC_N;
     else return NULL;
     if (idx < 0) idx = lua_absindex(L, idx);
     lua_getupvalue(L, idx, up);
@@ -281,7 +281,7 @@ static int run_frame(lua_State *L, lua_Debug *ar) {
 }
 
 /* push the value at lv->cur.base + off of that frame: at off 0 the record
-** or quick record whose callback runs inline, at AH_D_RES its resource
+** or quick record whose callback runs inline, at D_RES its resource
 ** when it had one at its entry; 0 (nothing pushed) if not found */
 static int push_cur_local(lua_State *L, ah_luv *lv, int off) {
   lua_Debug ar;
@@ -349,7 +349,7 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s, int t) {
     ** one's is the one its dispatch holds (it had one at its entry), else
     ** it gets a table of its own */
     if (lv && r == lv->cur.rec && lv->cur.base && lv->cur.slot == s &&
-        lv->cur.id == st->slots[s].id && push_cur_local(L, lv, AH_D_RES)) {
+        lv->cur.id == st->slots[s].id && push_cur_local(L, lv, D_RES)) {
       if (lua_type(L, -1) == LUA_TTABLE) {
         lua_replace(L, top);
         lua_settop(L, top);
@@ -403,7 +403,7 @@ ah_rec *ah_luv_slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
     default: break;
   }
   if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
-    lua_getupvalue(L, -1, 1); /* only rearm makes these: a record */
+    lua_getupvalue(L, -1, RF1_REC_N); /* only rearm makes these: a record */
     /* (checked: reachable from Lua; the record whose callback runs inline,
     ** a re-arm from inside it, was checked by the dispatch) */
     r = (ah_rec *)lua_touserdata(L, -1);

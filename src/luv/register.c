@@ -29,6 +29,7 @@
 ** libuv: only its first three fields are used, which have kept their layout
 ** since luv 1.30.
 */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,14 +37,6 @@
 #include "private.h"
 
 ah_luv_pcall ah_luv_fallback = NULL;
-
-/* wrapper upvalues, after the shared ones */
-#define W_SPEC lua_upvalueindex(AH_NUP + 1)
-#define W_LV lua_upvalueindex(AH_NUP + 2)
-#define W_RECMT lua_upvalueindex(AH_NUP + 3) /* the records' metatable */
-#define W_NUP (AH_NUP + 3)
-typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > AH_NUP + 2 &&
-                                RUN_NUP > Q_N + 2 ? 1 : -1];
 
 
 /* ------------------------------------------------------------------- */
@@ -216,7 +209,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   ** check is cheap on a function and dear on a userdata (a __call lookup) */
   if (!closure) { /* first re-arm: make it */
     lua_pushvalue(L, rec);
-    lua_pushcclosure(L, ah_luv_rec_fn1, 1);
+    lua_pushcclosure(L, ah_luv_rec_fn1, RF1_REC_N);
     lua_replace(L, fnv);
     fresh = 1;
   }
@@ -267,7 +260,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     } else { /* a scope or a nested callback holds the slot's resource
              ** (another id runs there): kept on the dispatch's stack, where
              ** ah_luv_resource finds it once they are gone */
-      ah_luv_set_cur_local(L, sp->lv, AH_D_RES);
+      ah_luv_set_cur_local(L, sp->lv, D_RES);
     }
   }
   if (res || (r->flags & REC_RES)) {
@@ -403,7 +396,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, ah_luv *lv,
     sp->lv->closures = 1;
     ah_push_shared(L);
     lua_pushvalue(L, n + 1);
-    lua_pushcclosure(L, ah_luv_rec_fn, AH_NUP + 1);
+    lua_pushcclosure(L, ah_luv_rec_fn, RF_REC_N);
   }
   lua_replace(L, pos);
   lua_settop(L, n);
@@ -411,7 +404,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, ah_luv *lv,
   /* luv's function, in our frame, with exactly the caller's arguments */
   nres = sp->orig(L);
   if (LUV_FAILED(L, nres) && !kept(L, lv, sp, handle_idx)) return nres;
-  if (sp->fn) lua_getupvalue(L, pos, AH_NUP + 1); else lua_pushvalue(L, pos);
+  if (sp->fn) lua_getupvalue(L, pos, RF_REC_N); else lua_pushvalue(L, pos);
   rec = lua_gettop(L);
   if (lua_touserdata(L, rec) != (void *)r) { /* luv moved its arguments */
     if (registered(L, st, r, 0, 0)) return ah_raise(L);
@@ -542,63 +535,96 @@ static int wrapped(lua_State *L) {
 
 static ah_luv *luv_state(lua_State *L);
 
-/* luv_wrap(orig, op, pos, alt, kind, type|nil, slot, fn, fields|nil)
-** -> wrapper.  op names the resource (field `op`); fields {name, position,
-** ...} names up to two arguments copied into it (`path`, `host`, ...). */
+/* the field k of the spec table at 2, an integer in [lo, hi] (def when
+** absent) */
+static int spec_int(lua_State *L, const char *k, int lo, int hi, int def) {
+  lua_Integer v = def;
+  int isnum = 1;
+  if (lua_getfield(L, 2, k) != LUA_TNIL) v = lua_tointegerx(L, -1, &isnum);
+  lua_pop(L, 1);
+  if (!isnum || v < lo || v > hi)
+    return luaL_error(L, "bad luv_wrap spec: field '%s'", k);
+  return (int)v;
+}
+
+/* luv_wrap(orig, spec) -> wrapper.  spec: {op = name, kind = one of
+** kind_names, pos = callback position, alt = alternative position (used
+** when pos is nil or absent), type = resource type (nil: the handle's),
+** slot = callback slot of handle registrations, fn = luv takes only a
+** function there, fields = {name, position, ...}: up to two arguments
+** copied into the resource (`path`, `host`, ...)}.  op names the resource
+** (its field `op`). */
+static const char *const kind_names[] = {
+  "handle", "create", "close", "request", "work", NULL
+};
+typedef char ah_kind_names_match[W_WORK == 4 && W_HANDLE == 0 ? 1 : -1];
+
 static int l_luv_wrap(lua_State *L) {
   lua_CFunction f = lua_tocfunction(L, 1);
-  lua_Integer pos = luaL_checkinteger(L, 3), alt = luaL_optinteger(L, 4, 0);
-  lua_Integer kind = luaL_checkinteger(L, 5), slot = luaL_optinteger(L, 7, 0);
   ah_spec *sp;
-  int i;
+  int i, kind;
   luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
                    "C function without upvalues");
-  luaL_checktype(L, 2, LUA_TSTRING);
-  luaL_argcheck(L, pos > 0 && pos < 16 && alt >= 0 && alt < 16, 3, "bad position");
-  luaL_argcheck(L, kind >= W_HANDLE && kind <= W_WORK, 5, "bad kind");
-  if (!lua_isnil(L, 6)) luaL_checktype(L, 6, LUA_TSTRING);
-  if (!lua_isnoneornil(L, 9)) luaL_checktype(L, 9, LUA_TTABLE);
-  lua_settop(L, 9);
-  luv_state(L); /* 10 */
-  lua_getiuservalue(L, 10, LV_SPECS); /* 11 */
-  sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 12 */
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
+  /* the spec's fields, 3 .. 6: op, kind, type, fields */
+  if (lua_getfield(L, 2, "op") != LUA_TSTRING)
+    return luaL_error(L, "bad luv_wrap spec: field 'op' (string expected)");
+  lua_getfield(L, 2, "kind");
+  for (kind = 0; kind_names[kind]; kind++)
+    if (lua_type(L, 4) == LUA_TSTRING && strcmp(lua_tostring(L, 4), kind_names[kind]) == 0)
+      break;
+  if (!kind_names[kind])
+    return luaL_error(L, "bad luv_wrap spec: invalid kind '%s'", luaL_optstring(L, 4, "nil"));
+  if (lua_getfield(L, 2, "type") != LUA_TNIL && !lua_isstring(L, 5))
+    return luaL_error(L, "bad luv_wrap spec: field 'type'");
+  if (lua_getfield(L, 2, "fields") != LUA_TNIL && !lua_istable(L, 6))
+    return luaL_error(L, "bad luv_wrap spec: field 'fields'");
+  luv_state(L); /* 7 */
+  lua_getiuservalue(L, 7, LV_SPECS); /* 8 */
+  sp = (ah_spec *)lua_newuserdatauv(L, sizeof(ah_spec), SP_NUV); /* 9 */
   sp->self = sp;
-  sp->lv = (ah_luv *)lua_touserdata(L, 10);
-  ah_internal_mt(L, 12);
+  sp->lv = (ah_luv *)lua_touserdata(L, 7);
+  ah_internal_mt(L, 9);
   sp->orig = f;
-  sp->kind = (int)kind;
-  sp->pos = (int)pos;
-  sp->alt = (int)alt;
-  sp->slot = (int)slot;
-  sp->fn = lua_toboolean(L, 8);
+  sp->kind = kind;
+  /* positions < 16: acceptable indices (LUA_MINSTACK) */
+  sp->pos = spec_int(L, "pos", 1, 15, 0);
+  sp->alt = spec_int(L, "alt", 0, 15, 0);
+  sp->slot = spec_int(L, "slot", 0, INT_MAX, 0);
+  lua_getfield(L, 2, "fn");
+  sp->fn = lua_toboolean(L, -1);
+  lua_pop(L, 1);
   sp->nf = 0;
-  for (i = 0; i < 2 && lua_istable(L, 9); i++) {
+  for (i = 0; i < 2 && lua_istable(L, 6); i++) {
     lua_Integer fp;
-    if (lua_rawgeti(L, 9, 2 * i + 1) == LUA_TNIL) { lua_pop(L, 1); break; }
-    luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 9, "bad field name");
-    lua_setiuservalue(L, 12, SP_F1 + i);
-    lua_rawgeti(L, 9, 2 * i + 2);
+    if (lua_rawgeti(L, 6, 2 * i + 1) == LUA_TNIL) { lua_pop(L, 1); break; }
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return luaL_error(L, "bad luv_wrap spec: bad field name");
+    lua_setiuservalue(L, 9, SP_F1 + i);
+    lua_rawgeti(L, 6, 2 * i + 2);
     fp = lua_tointeger(L, -1);
-    luaL_argcheck(L, fp >= 1 && fp < 16, 9, "bad field position");
+    if (fp < 1 || fp >= 16)
+      return luaL_error(L, "bad luv_wrap spec: bad field position");
     lua_pop(L, 1);
     sp->f[i] = (int)fp;
     sp->nf = i + 1;
   }
-  lua_pushvalue(L, 2);
-  lua_setiuservalue(L, 12, SP_OP);
-  lua_pushvalue(L, 6);
-  lua_setiuservalue(L, 12, SP_TYPE);
+  lua_pushvalue(L, 3);
+  lua_setiuservalue(L, 9, SP_OP);
+  lua_pushvalue(L, 5);
+  lua_setiuservalue(L, 9, SP_TYPE);
   lua_pushliteral(L, "op");
-  lua_setiuservalue(L, 12, SP_KOP);
+  lua_setiuservalue(L, 9, SP_KOP);
   lua_pushliteral(L, "handle");
-  lua_setiuservalue(L, 12, SP_KHANDLE);
-  lua_pushvalue(L, 12);
-  lua_rawsetp(L, 11, sp); /* anchored for the life of the state */
+  lua_setiuservalue(L, 9, SP_KHANDLE);
+  lua_pushvalue(L, 9);
+  lua_rawsetp(L, 8, sp); /* anchored for the life of the state */
   luaL_checkstack(L, W_NUP, "async_hooks");
   ah_push_shared(L);
-  lua_pushvalue(L, 12);
-  lua_pushvalue(L, 10);
-  lua_getiuservalue(L, 10, LV_RECMT);
+  lua_pushvalue(L, 9);
+  lua_pushvalue(L, 7);
+  lua_getiuservalue(L, 7, LV_RECMT);
   lua_pushcclosure(L, wrapped, W_NUP);
   return 1;
 }
