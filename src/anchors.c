@@ -272,7 +272,7 @@ void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx) {
 ** new one (nobody saw one) */
 static AH_NOINLINE void push_ov_resource(lua_State *L, ah_state *st) {
   int cs = st->ov.res;
-  luaL_checkstack(L, 6, "async_hooks");
+  luaL_checkstack(L, AH_RESOURCE_STACK, "async_hooks");
   if (st->slots[cs].L == st->ov.co && st->slots[cs].base_id == st->ov.id) {
     lua_rawgeti(L, AH_UV_TH, cs); /* alive: the resumer holds it */
     /* scopes open in it: its own resource, not the innermost scope's */

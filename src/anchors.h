@@ -17,6 +17,9 @@ int ah_frame_plain(lua_State *L, ah_state *st, int idx);
 void ah_pend_set(lua_State *L, int s, int idx);
 void ah_aux_eph_set(lua_State *L, int key, int thread_idx, int idx);
 void ah_new_thread_resource(lua_State *L, int thread_idx);
+/* what making a thread's current resource pushes (ah_push_resource,
+** st->lazy_resource) */
+#define AH_RESOURCE_STACK 6
 void ah_push_resource(lua_State *L, ah_state *st, int s);
 void ah_push_resource_of(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_reserve(lua_State *L, int s);

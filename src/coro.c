@@ -26,7 +26,7 @@ static lua_State *getco(lua_State *L) {
 ** s): its {thread = co} only for hooks that can see it, else nil (made
 ** when executionAsyncResource() asks, ah_push_resource_of) */
 static void push_init_args(lua_State *L, ah_state *st, int s, int thread_idx) {
-  luaL_checkstack(L, 16, "async_hooks");
+  luaL_checkstack(L, AH_INIT_ARGS_STACK, "async_hooks");
   lua_rawgeti(L, AH_UV_AUX, AUX_TCORO);
   if (st->init_res)
     ah_push_resource_of(L, st, s, thread_idx);
@@ -182,7 +182,7 @@ static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
   lua_Integer pid, ptrig;
   ah_ov pov = st->ov;
   if (kind == AH_AFTER) /* (before: resume's own frame has LUA_MINSTACK) */
-    luaL_checkstack(L, 8, "async_hooks dispatch"); /* first: it can fail */
+    luaL_checkstack(L, AH_EMIT_STACK, "async_hooks dispatch"); /* first: it can fail */
   (void)AH_UV_AUX; /* the dispatch's table, checked before st->ov changes */
   s = ah_slot_of(L, st);
   pid = st->slots[s].id;

@@ -151,11 +151,15 @@ static int find_hook(lua_State *L, int idx) {
   return 0;
 }
 
+/* enable/disable: the order list and a hook of it (find_hook), changed()'s
+** 3 values, an error */
+#define HOOKSET_STACK 8
+
 static int l_hook_enable(lua_State *L) {
   ah_state *st = ah_st(L);
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, HOOKSET_STACK, "async_hooks");
   if (!find_hook(L, 1)) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, -1) + 1;
     lua_pushvalue(L, 1);
@@ -175,7 +179,7 @@ static int l_hook_disable(lua_State *L) {
   int i, n;
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, HOOKSET_STACK, "async_hooks");
   if ((i = find_hook(L, 1)) != 0) {
     int at = i;
     n = (int)lua_rawlen(L, -1);
@@ -423,8 +427,9 @@ static void outermost_end(lua_State *L, ah_state *st) {
 ** type_idx, the trigger and the resource at res_idx.  Returns 0, or 1 with
 ** the error pushed (see hooks.h): the event reached every hook all the
 ** same.  A hook's own error ends the process (hook_msgh).  Allocates
-** nothing and raises nothing once the caller made room for 8 values (12
-** for init; the end of the dispatch only swaps prepared lists in): callers
+** nothing and raises nothing once the caller made room for AH_EMIT_STACK
+** values (AH_EMIT_INIT_STACK for init; the end of the dispatch only swaps
+** prepared lists in): callers
 ** dispatch inside sections that must not fail.  A dispatch keeps the list
 ** it started with. */
 static AH_ALWAYS_INLINE int dispatch(lua_State *L, ah_state *st, int kind,
@@ -499,8 +504,8 @@ int ah_reraised(lua_State *L, ah_state *st, int idx) {
   return again;
 }
 
-/* the same, for a caller that made room for 8 values and checked that
-** hooks of the kind exist */
+/* the same, for a caller that made room for AH_EMIT_STACK values and
+** checked that hooks of the kind exist */
 int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
                         lua_Integer id) {
   return dispatch(L, st, kind, id, 0, 0, 0);
@@ -508,7 +513,7 @@ int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind,
 
 int ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id) {
   if (!st->nhooks[kind]) return 0;
-  luaL_checkstack(L, 8, "async_hooks dispatch");
+  luaL_checkstack(L, AH_EMIT_STACK, "async_hooks dispatch");
   return dispatch(L, st, kind, id, 0, 0, 0);
 }
 
@@ -518,7 +523,7 @@ int ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,
   if (!st->nhooks[AH_INIT]) return 0;
   res_idx = lua_absindex(L, res_idx);
   type_idx = lua_absindex(L, type_idx);
-  luaL_checkstack(L, 12, "async_hooks dispatch");
+  luaL_checkstack(L, AH_EMIT_INIT_STACK, "async_hooks dispatch");
   return dispatch(L, st, AH_INIT, id, type_idx, trigger, res_idx);
 }
 
@@ -526,7 +531,7 @@ int ah_emit_init(lua_State *L, ah_state *st, lua_Integer id, const char *type,
                  lua_Integer trigger, int res_idx) {
   if (!st->nhooks[AH_INIT]) return 0;
   res_idx = lua_absindex(L, res_idx);
-  luaL_checkstack(L, 12, "async_hooks dispatch");
+  luaL_checkstack(L, AH_EMIT_INIT_STACK, "async_hooks dispatch");
   lua_pushstring(L, type); /* can fail: before the dispatch starts */
   if (ah_emit_init_v(L, st, id, -1, trigger, res_idx)) {
     lua_remove(L, -2);
@@ -552,7 +557,8 @@ int ah_flush_status(lua_State *L, ah_state *st) {
   /* never inside a finalizer (a user's __gc that ends a resource, runs a
   ** scope or a coroutine): the next flush point outside delivers them */
   if (ah_unlikely(ah_in_finalizer(L))) return 0;
-  luaL_checkstack(L, 16, "async_hooks"); /* the only steps that can fail */
+  luaL_checkstack(L, AH_FLUSH_STACK, "async_hooks"); /* the only steps that
+                                                     ** can fail */
   if (st->notify_pending) ah_notify_destroy_hooks(L, st);
   st->active++; /* no nested flush from inside a destroy hook */
   for (i = 0; i < st->dq_n; i++) {

@@ -16,6 +16,13 @@
 ** room for AH_EMIT_STACK values and checked that hooks of the kind exist. */
 #define AH_EMIT_STACK 8       /* what a dispatch pushes */
 #define AH_EMIT_INIT_STACK 12 /* the same, for init (4 arguments) */
+/* what a caller reserves before it pushes init's type and resource, so
+** that the dispatch's own check finds the room (nothing allocates between
+** the caller's decision and the dispatch) */
+#define AH_INIT_ARGS_STACK (AH_EMIT_INIT_STACK + 4)
+/* what ah_flush_status reserves: a dispatch, an error kept, the call of
+** on_destroy_hooks' callback */
+#define AH_FLUSH_STACK 16
 int ah_emit_id(lua_State *L, ah_state *st, int kind, lua_Integer id);
 int ah_emit_id_reserved(lua_State *L, ah_state *st, int kind, lua_Integer id);
 int ah_emit_init_v(lua_State *L, ah_state *st, lua_Integer id, int type_idx,

@@ -39,6 +39,10 @@ enum { G_PREV_RES = 1, G_PREV_FRAME, G_PREV_GUARD, G_RES, G_NUV = G_RES };
 
 static int close_guard(lua_State *L, ah_state *st, ah_guard *g, int gidx);
 
+/* enter_scope's pushes: the guard and its user values, the anchors' keys,
+** its before's dispatch, an error */
+#define ENTER_STACK (AH_EMIT_STACK + 12)
+
 static int l_enter_scope(lua_State *L) {
   ah_state *st = ah_st(L);
   lua_Integer id = luaL_checkinteger(L, 1);
@@ -48,7 +52,7 @@ static int l_enter_scope(lua_State *L) {
   luaL_checkany(L, 3);
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_settop(L, 4);
-  luaL_checkstack(L, 20, "async_hooks"); /* before anything changes */
+  luaL_checkstack(L, ENTER_STACK, "async_hooks"); /* before anything changes */
   s = ah_slot_of(L, st);
   g = (ah_guard *)lua_newuserdatauv(L, sizeof(ah_guard), G_NUV); /* 5 */
   g->st = st;
@@ -144,8 +148,8 @@ int ah_emit_as(lua_State *L, ah_state *st, int kind, lua_Integer id,
   lua_Integer pid, ptrig;
   if (!st->nhooks[kind]) return 0;
   res_idx = lua_absindex(L, res_idx);
-  luaL_checkstack(L, 12, "async_hooks"); /* also ah_emit_id's: nothing fails
-                                         ** once the switch is made */
+  /* both resources and the dispatch: nothing fails once the switch is made */
+  luaL_checkstack(L, AH_EMIT_STACK + 4, "async_hooks");
   s = ah_slot_of(L, st);
   /* first (can fail): the thread's resource anchor key, so that the full
   ** restore below cannot allocate */
@@ -245,7 +249,7 @@ static const luaL_Reg scope_funcs[] = {
 static int own_resource(lua_State *L, int thread_idx) {
   int n;
   thread_idx = lua_absindex(L, thread_idx);
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, AH_RESOURCE_STACK + 2, "async_hooks");
   n = push_guards(L, thread_idx);
   if (n == 0) return 0;
   if (lua_getiuservalue(L, -1, G_PREV_RES) != LUA_TTABLE) { /* outermost's */

@@ -30,43 +30,7 @@
 #include "private.h"
 
 /* ------------------------------------------------------------------- */
-/* native stack of entered records                                      */
-
-static AH_COLD int cb_grow(ah_luv *lv) {
-  size_t ncap = lv->cb_cap * 2;
-  lua_Integer *n;
-  if (lv->closed) return 0; /* lua_close: nothing allocates (the callers
-                            ** cope, as without memory) */
-  if (lv->cb == lv->cb_inline) {
-    n = malloc(ncap * sizeof *n);
-    if (n) memcpy(n, lv->cb_inline, sizeof lv->cb_inline);
-  } else {
-    n = realloc(lv->cb, ncap * sizeof *n);
-  }
-  if (!n) return 0;
-  lv->cb = n;
-  lv->cb_cap = ncap;
-  return 1;
-}
-
-static int cb_push(ah_luv *lv, lua_Integer id) {
-  if (ah_unlikely(lv->cb_n == lv->cb_cap) && !cb_grow(lv)) return 0;
-  lv->cb[lv->cb_n++] = id;
-  return 1;
-}
-
-static AH_COLD void cb_shrink(ah_luv *lv) {
-  memcpy(lv->cb_inline, lv->cb, lv->cb_n * sizeof *lv->cb);
-  free(lv->cb);
-  lv->cb = lv->cb_inline;
-  lv->cb_cap = AH_CB_INLINE;
-}
-
-static void cb_pop(ah_luv *lv) {
-  lv->cb_n--;
-  if (ah_unlikely(lv->cb != lv->cb_inline) && lv->cb_n <= AH_CB_INLINE / 2)
-    cb_shrink(lv);
-}
+/* native stack of entered records (push and pop: private.h)            */
 
 /* `after` for every record entered above depth (an error unwound them);
 ** 1 with the first error of their dispatches pushed */
@@ -99,6 +63,11 @@ static AH_COLD void luv_report(lua_State *L, ah_luv *lv, int flags) {
 /* ------------------------------------------------------------------- */
 /* the record's __call (luv calls it without our cb_pcall in front)      */
 
+/* what entering a callback's context pushes on the slow paths (the
+** record's __call, luv_enter): the saved context and the entered one, the
+** callback, a resource made, its before's dispatch, an error */
+#define ENTER_STACK (AH_EMIT_STACK + 16)
+
 /* enter the record's context, call its callback with luv's arguments,
 ** restore; called protected so that the context is restored on error */
 int ah_luv_rec_call(lua_State *L) {
@@ -107,7 +76,7 @@ int ah_luv_rec_call(lua_State *L) {
   ah_rec *r = NULL;
   int n = lua_gettop(L), s, i, status, oneshot, pov;
   lua_Integer id, pid, ptrig;
-  luaL_checkstack(L, n + 24, "async_hooks");
+  luaL_checkstack(L, n + ENTER_STACK, "async_hooks");
   /* self: a record of this state (the metatable is reachable from Lua) */
   lv = ah_luv_push(L);
   r = ah_luv_record(L, lv, 1);
@@ -428,7 +397,7 @@ static int luv_enter(lua_State *L) {
   ah_rec *r = lua_tocfunction(L, 1) == ah_luv_q_fn ? ah_luv_q_record(L, lv, 1)
                                                    : ah_luv_record(L, lv, 1);
   int s = ah_slot_of(L, st);
-  luaL_checkstack(L, 24, "async_hooks");
+  luaL_checkstack(L, ENTER_STACK, "async_hooks");
   lua_settop(L, 1);
   ah_reserve(L, s);
   if (r && !(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
@@ -517,7 +486,7 @@ static int luv_flush(lua_State *L) {
 static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
                          int flags) {
   int base = lua_gettop(L) - nargs - 1, ret, top;
-  if (!lua_checkstack(L, 12)) { /* no memory: run it bare */
+  if (!lua_checkstack(L, NSAVED + 5)) { /* no memory: run it bare */
     lua_pop(L, 1);
     return lv->orig(L, nargs, nresults, flags);
   }
@@ -568,7 +537,7 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   }
   /* the callback set a value, or an error unwound records, or destroys
   ** are due: the full leave() */
-  if (!lua_checkstack(L, 10)) { /* no memory: restore what C can */
+  if (!lua_checkstack(L, NSAVED + 3)) { /* no memory: restore what C can */
     while (lv->cb_n > depth) { cb_pop(lv); st->active--; }
     st->slots[s].id = pid;
     st->slots[s].trigger = ptrig;
@@ -734,8 +703,7 @@ int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
           ** this state: a re-armed slot's, or a registration luv takes only
           ** a function for; its upvalue is reachable from Lua: checked) */
           if (keys && lv->closures) { /* (the record path is inlined here
-            ** and below: one copy for both measured 9 instructions more per
-            ** step of a re-armed timer chain, 3447 against 3438) */
+            ** and below: one shared copy is slower on a timer chain) */
             ah_rec *r;
             lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? RF1_REC_N : RF_REC_N);
             if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {

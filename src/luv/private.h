@@ -15,6 +15,14 @@
 #include "../queue.h"
 
 #define AH_CB_INLINE 32 /* entries of the inline callback stack */
+/* what making a luv resource pushes (ah_luv_new_resource, with the spec,
+** the handle and the named arguments it reads) */
+#define AH_LUV_RES_STACK 8
+/* what ending a handle's registrations pushes (ah_luv_slot_drop) */
+#define AH_LUV_SLOT_STACK 8
+/* what turning a quick record into its record pushes: its upvalues and
+** the record (ah_luv_q_record, ah_luv_q_fn) */
+#define AH_LUV_Q_STACK (Q_N + 8)
 
 typedef int (*ah_luv_pcall)(lua_State *L, int nargs, int nresults, int flags);
 
@@ -199,6 +207,22 @@ static inline ah_rec *ah_luv_rec_at(lua_State *L, const ah_luv *lv, int idx) {
   return r && lua_rawlen(L, idx) == sizeof(ah_rec) && r->lv == lv ? r : NULL;
 }
 
+/* the native stack of entered records' ids (lv->cb): the innermost one
+** is the callback that runs; grown on the heap past AH_CB_INLINE entries
+** (record.c), back when it empties */
+AH_COLD int ah_luv_cb_grow(ah_luv *lv);
+AH_COLD void ah_luv_cb_shrink(ah_luv *lv);
+static inline int cb_push(ah_luv *lv, lua_Integer id) {
+  if (ah_unlikely(lv->cb_n == lv->cb_cap) && !ah_luv_cb_grow(lv)) return 0;
+  lv->cb[lv->cb_n++] = id;
+  return 1;
+}
+static inline void cb_pop(ah_luv *lv) {
+  lv->cb_n--;
+  if (ah_unlikely(lv->cb != lv->cb_inline) && lv->cb_n <= AH_CB_INLINE / 2)
+    ah_luv_cb_shrink(lv);
+}
+
 /* dispatch.c */
 int ah_luv_rec_call(lua_State *L);
 int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags);
@@ -216,11 +240,11 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
 int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off);
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
 int ah_luv_resource(lua_State *L, ah_state *st, int s, int t);
+void ah_luv_push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec);
+void ah_luv_push_type(lua_State *L, int handle_idx);
 /* a handle's registrations, kept in its user value: a record, or
 ** {slot -> record} for one with registrations in several slots */
 #define AH_SLOT_NIL 2 /* ah_luv_slot_reserve: the user value is nil */
-ah_rec *ah_luv_slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
-                        int *closure);
 int ah_luv_slot_reserve(lua_State *L, const ah_luv *lv, int h, int slot);
 void ah_luv_slot_set(lua_State *L, ah_luv *lv, int h, int slot, int rec,
                      int reserved);

@@ -1,6 +1,7 @@
 /*
 ** record.c - what a registration hands luv, read back: records, quick
-** records and their resources.
+** records, their resources, where a handle keeps them, the native stack of
+** entered records.
 **
 ** A record (private.h's ah_rec) is a userdata with the registration's ids,
 ** spec and frame identity; a quick record a C closure whose upvalues are
@@ -11,9 +12,37 @@
 ** st->lazy_resource), and is what luv calls for a quick record when the
 ** dispatch is not in front.  Called by register.c and dispatch.c.
 */
+#include <stdlib.h>
+#include <string.h>
+
 #include "private.h"
 
 const void *const ah_luv_key = NULL; /* (see ah.h, AH_NULLOBJ) */
+
+/* the callback stack outgrew its array (see private.h's cb_push); 0 when
+** no memory, or inside lua_close: the callers cope */
+AH_COLD int ah_luv_cb_grow(ah_luv *lv) {
+  size_t ncap = lv->cb_cap * 2;
+  lua_Integer *n;
+  if (lv->closed) return 0;
+  if (lv->cb == lv->cb_inline) {
+    n = malloc(ncap * sizeof *n);
+    if (n) memcpy(n, lv->cb_inline, sizeof lv->cb_inline);
+  } else {
+    n = realloc(lv->cb, ncap * sizeof *n);
+  }
+  if (!n) return 0;
+  lv->cb = n;
+  lv->cb_cap = ncap;
+  return 1;
+}
+
+AH_COLD void ah_luv_cb_shrink(ah_luv *lv) {
+  memcpy(lv->cb_inline, lv->cb, lv->cb_n * sizeof *lv->cb);
+  free(lv->cb);
+  lv->cb = lv->cb_inline;
+  lv->cb_cap = AH_CB_INLINE;
+}
 
 /* push registry[&ah_luv_key]; the state's ah_luv if that is one (the
 ** registry is reachable from Lua), else NULL */
@@ -134,7 +163,7 @@ ah_rec *ah_luv_q_record(lua_State *L, const ah_luv *lv, int idx) {
   int base;
   idx = lua_absindex(L, idx);
   if ((r = ah_luv_record(L, lv, idx)) != NULL) return r; /* made before */
-  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  luaL_checkstack(L, AH_LUV_Q_STACK, "async_hooks");
   base = lua_gettop(L) + 1;
   while (lua_gettop(L) - base + 1 < Q_N + 2 &&
          lua_getupvalue(L, idx, lua_gettop(L) - base + 2)) {}
@@ -152,7 +181,7 @@ int ah_luv_q_fn(lua_State *L) {
   int n = lua_gettop(L), i;
   const ah_spec *sp;
   ah_luv *lv;
-  luaL_checkstack(L, Q_N + 8, "async_hooks");
+  luaL_checkstack(L, AH_LUV_Q_STACK, "async_hooks");
   lv = ah_luv_push(L); /* (its upvalues are reachable from Lua: checked) */
   lua_pop(L, 1);
   if ((sp = ah_luv_spec(L, lv, lua_upvalueindex(Q_SPEC))) == NULL) {
@@ -221,7 +250,7 @@ static void q_resource(lua_State *L, const ah_luv *lv, int idx) {
   int top = lua_gettop(L);
   idx = lua_absindex(L, idx);
   if (lua_getupvalue(L, idx, Q_RES) && lua_type(L, -1) == LUA_TTABLE) return;
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, AH_LUV_RES_STACK, "async_hooks");
   lua_getupvalue(L, idx, Q_SPEC);
   sp = ah_luv_spec(L, lv, -1);
   lua_pop(L, 1);
@@ -245,13 +274,77 @@ static void q_resource(lua_State *L, const ah_luv *lv, int idx) {
   lua_settop(L, top + 1);
 }
 
+/* The resource type for init: the spec's, else the handle's __name (the
+** last metatable seen and its name are kept in the spec: no string is
+** made per init); runs in the wrapper's frame (W_SPEC) */
+void ah_luv_push_type(lua_State *L, int handle_idx) {
+  if (lua_getiuservalue(L, W_SPEC, SP_TYPE) == LUA_TSTRING) return;
+  lua_pop(L, 1);
+  if (handle_idx && lua_getmetatable(L, handle_idx)) {
+    lua_getiuservalue(L, W_SPEC, SP_TMT);
+    if (lua_rawequal(L, -1, -2)) {
+      lua_pop(L, 2);
+      lua_getiuservalue(L, W_SPEC, SP_TNAME);
+      return;
+    }
+    lua_pop(L, 1);
+    lua_pushliteral(L, "__name");
+    if (lua_rawget(L, -2) == LUA_TSTRING) {
+      lua_pushvalue(L, -1);
+      lua_setiuservalue(L, W_SPEC, SP_TNAME);
+      lua_rotate(L, -2, 1);
+      lua_setiuservalue(L, W_SPEC, SP_TMT);
+      return;
+    }
+    lua_pop(L, 2);
+  }
+  lua_pushliteral(L, "uv_handle");
+}
+
+/* the resource of the record or quick record at 1, made now if need be
+** (run protected: a registration luv accepted cannot fail afterwards) */
+static int make_resource(lua_State *L) {
+  ah_rec *r;
+  ah_luv *lv = ah_luv_push(L); /* (a light C function: the debug library
+                               ** can call it with anything) */
+  lua_settop(L, 1);
+  if (lua_tocfunction(L, 1) == ah_luv_q_fn)
+    r = ah_luv_q_record(L, lv, 1); /* kept in its Q_RES from now on */
+  else
+    r = lv ? ah_luv_record(L, lv, 1) : NULL;
+  if (r == NULL) return luaL_error(L, "async_hooks: not a luv record");
+  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, 1);
+  lua_getiuservalue(L, 1, RV_RES);
+  return 1;
+}
+
+/* push the resource for the init of the registration at rec (a record r,
+** or a quick record when r is NULL) when an init hook can see it, else
+** nil.  The type is pushed and the stack reserved first: nothing
+** allocates between this decision and the dispatch, so a finalizer cannot
+** enable a hook that sees the resource in between */
+void ah_luv_push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec) {
+  if (!rec || !st->init_res) {
+    lua_pushnil(L);
+  } else if (r && (r->flags & REC_RES)) {
+    lua_getiuservalue(L, rec, RV_RES);
+  } else {
+    lua_pushcfunction(L, make_resource);
+    lua_pushvalue(L, rec);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) { /* out of memory: none */
+      lua_pop(L, 1);
+      lua_pushnil(L);
+    }
+  }
+}
+
 /* the record at idx gets its resource now (executionAsyncResource() was
 ** called after it was registered): op, handle and the named arguments kept
 ** in the record; allocates */
 void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   int top = lua_gettop(L), nf = r->spec->nf;
   idx = lua_absindex(L, idx);
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, AH_LUV_RES_STACK, "async_hooks");
   push_spec(L, r->spec);            /* top+1 */
   lua_getiuservalue(L, idx, RV_RES); /* top+2: the handle, or nil */
   lua_getiuservalue(L, idx, RV_A1);  /* top+3 */
@@ -310,7 +403,7 @@ int ah_luv_resource(lua_State *L, ah_state *st, int s, int t) {
   int top = lua_gettop(L);
   ah_rec *r = NULL;
   ah_luv *lv = NULL;
-  luaL_checkstack(L, 6, "async_hooks");
+  luaL_checkstack(L, AH_RESOURCE_STACK, "async_hooks");
   lv = ah_luv_push(L);
   lua_settop(L, top);
   /* no marker: a callback's only if it is the innermost one entered */
@@ -385,42 +478,6 @@ void ah_luv_push_resource(lua_State *L, const ah_rec *r, int idx) {
 
 /* ------------------------------------------------------------------- */
 /* a handle's slots: its user value (the record of each callback slot)  */
-
-/* push what the handle at h keeps for slot (the record, or its closure)
-** and the record itself above it; returns the record.  NULL: only nil was
-** pushed (*closure is -1 when the handle keeps nothing at all). */
-ah_rec *ah_luv_slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
-                        int *closure) {
-  ah_rec *r;
-  switch (lua_getiuservalue(L, h, 1)) {
-    case LUA_TNIL: /* nothing kept (a fresh handle) */
-      *closure = -1;
-      return NULL;
-    case LUA_TTABLE:
-      lua_rawgeti(L, -1, slot);
-      lua_remove(L, -2);
-      break;
-    default: break;
-  }
-  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
-    lua_getupvalue(L, -1, RF1_REC_N); /* only rearm makes these: a record */
-    /* (checked: reachable from Lua; the record whose callback runs inline,
-    ** a re-arm from inside it, was checked by the dispatch) */
-    r = (ah_rec *)lua_touserdata(L, -1);
-    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
-    *closure = 1;
-  } else {
-    r = ah_luv_record(L, lv, -1);
-    lua_pushvalue(L, -1);
-    *closure = 0;
-  }
-  if (!r || r->spec->slot != slot) {
-    lua_pop(L, 2);
-    lua_pushnil(L);
-    return NULL;
-  }
-  return r;
-}
 
 /* make room for slot in the handle at h (no record there yet), so that
 ** slot_set cannot fail; 0 if the user value is not ours, AH_SLOT_NIL if it is

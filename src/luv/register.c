@@ -38,6 +38,44 @@
 
 ah_luv_pcall ah_luv_fallback = NULL;
 
+/* ------------------------------------------------------------------- */
+/* a handle's slots (the rest is in record.c)                            */
+
+/* push what the handle at h keeps for slot (the record, or its closure)
+** and the record itself above it; returns the record.  NULL: only nil was
+** pushed (*closure is -1 when the handle keeps nothing at all). */
+static ah_rec *slot_get(lua_State *L, const ah_luv *lv, int h, int slot,
+                        int *closure) {
+  ah_rec *r;
+  switch (lua_getiuservalue(L, h, 1)) {
+    case LUA_TNIL: /* nothing kept (a fresh handle) */
+      *closure = -1;
+      return NULL;
+    case LUA_TTABLE:
+      lua_rawgeti(L, -1, slot);
+      lua_remove(L, -2);
+      break;
+    default: break;
+  }
+  if (lua_tocfunction(L, -1) == ah_luv_rec_fn1) {
+    lua_getupvalue(L, -1, RF1_REC_N); /* only rearm makes these: a record */
+    /* (checked: reachable from Lua; the record whose callback runs inline,
+    ** a re-arm from inside it, was checked by the dispatch) */
+    r = (ah_rec *)lua_touserdata(L, -1);
+    if (r == NULL || r != lv->cur.rec) r = ah_luv_rec_at(L, lv, -1);
+    *closure = 1;
+  } else {
+    r = ah_luv_record(L, lv, -1);
+    lua_pushvalue(L, -1);
+    *closure = 0;
+  }
+  if (!r || r->spec->slot != slot) {
+    lua_pop(L, 2);
+    lua_pushnil(L);
+    return NULL;
+  }
+  return r;
+}
 
 /* ------------------------------------------------------------------- */
 /* registration wrappers                                                 */
@@ -59,79 +97,15 @@ static int find_callback(lua_State *L, const ah_spec *sp) {
   return 0;
 }
 
-/* The resource type for init: the spec's, else the handle's __name (the
-** last metatable seen and its name are kept in the spec: no string is
-** made per init) */
-static void push_type(lua_State *L, int handle_idx) {
-  if (lua_getiuservalue(L, W_SPEC, SP_TYPE) == LUA_TSTRING) return;
-  lua_pop(L, 1);
-  if (handle_idx && lua_getmetatable(L, handle_idx)) {
-    lua_getiuservalue(L, W_SPEC, SP_TMT);
-    if (lua_rawequal(L, -1, -2)) {
-      lua_pop(L, 2);
-      lua_getiuservalue(L, W_SPEC, SP_TNAME);
-      return;
-    }
-    lua_pop(L, 1);
-    lua_pushliteral(L, "__name");
-    if (lua_rawget(L, -2) == LUA_TSTRING) {
-      lua_pushvalue(L, -1);
-      lua_setiuservalue(L, W_SPEC, SP_TNAME);
-      lua_rotate(L, -2, 1);
-      lua_setiuservalue(L, W_SPEC, SP_TMT);
-      return;
-    }
-    lua_pop(L, 2);
-  }
-  lua_pushliteral(L, "uv_handle");
-}
-
-/* the resource of the record or quick record at 1, made now if need be
-** (run protected: a registration luv accepted cannot fail afterwards) */
-static int make_resource(lua_State *L) {
-  ah_rec *r;
-  ah_luv *lv = ah_luv_push(L); /* (a light C function: the debug library
-                               ** can call it with anything) */
-  lua_settop(L, 1);
-  if (lua_tocfunction(L, 1) == ah_luv_q_fn)
-    r = ah_luv_q_record(L, lv, 1); /* kept in its Q_RES from now on */
-  else
-    r = lv ? ah_luv_record(L, lv, 1) : NULL;
-  if (r == NULL) return luaL_error(L, "async_hooks: not a luv record");
-  if (!(r->flags & REC_RES)) ah_luv_materialize(L, r, 1);
-  lua_getiuservalue(L, 1, RV_RES);
-  return 1;
-}
-
-/* push the resource for the init of the registration at rec (a record r,
-** or a quick record when r is NULL) when an init hook can see it, else
-** nil.  The type is pushed and the stack reserved first: nothing
-** allocates between this decision and the dispatch, so a finalizer cannot
-** enable a hook that sees the resource in between */
-static void push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec) {
-  if (!rec || !st->init_res) {
-    lua_pushnil(L);
-  } else if (r && (r->flags & REC_RES)) {
-    lua_getiuservalue(L, rec, RV_RES);
-  } else {
-    lua_pushcfunction(L, make_resource);
-    lua_pushvalue(L, rec);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) { /* out of memory: none */
-      lua_pop(L, 1);
-      lua_pushnil(L);
-    }
-  }
-}
-
 /* luv accepted the registration of r (at rec, 0: lost): its init (with
 ** its resource when an init hook can see it).  Returns 1 with an error of
 ** the dispatch pushed: the registration's, raised once it is complete */
 static int registered(lua_State *L, ah_state *st, ah_rec *r,
                                        int rec, int handle_idx) {
   if (st->nhooks[AH_INIT]) {
-    luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
-    push_type(L, handle_idx);
-    push_init_resource(L, st, r, rec);
+    luaL_checkstack(L, AH_INIT_ARGS_STACK, "async_hooks");
+    ah_luv_push_type(L, handle_idx);
+    ah_luv_push_init_resource(L, st, r, rec);
     if (ah_emit_init_v(L, st, r->id, -2, r->trigger, -1)) {
       lua_replace(L, -3);
       lua_pop(L, 1);
@@ -310,7 +284,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_Integer id, trigger = st->slots[s].id;
   const void *qp;
   if (ah_unlikely(res)) { /* (a request's) */
-    luaL_checkstack(L, 12, "async_hooks");
+    luaL_checkstack(L, AH_LUV_RES_STACK, "async_hooks");
     a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
     a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
     ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2); /* n+1: can fail */
@@ -345,14 +319,14 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     qp = lua_topointer(L, pos);
     nres = sp->orig(L);
     if (LUV_FAILED(L, nres)) return nres;
-    luaL_checkstack(L, 16, "async_hooks"); /* ah_emit_init_v's: no growth */
-    push_type(L, handle_idx);
+    luaL_checkstack(L, AH_INIT_ARGS_STACK, "async_hooks");
+    ah_luv_push_type(L, handle_idx);
     if (lua_topointer(L, pos) != qp) /* moved: as for a lost record */
       lua_pushnil(L);
     else if (res) /* made above */
       lua_getupvalue(L, pos, Q_RES);
     else /* an init hook that sees it was enabled meanwhile, or none */
-      push_init_resource(L, st, NULL, pos);
+      ah_luv_push_init_resource(L, st, NULL, pos);
     if (ah_emit_init_v(L, st, id, -2, trigger, -1)) { /* the call's error, */
       lua_replace(L, -3);
       lua_pop(L, 1);
@@ -379,6 +353,9 @@ static int fresh_handle(lua_State *L) {
   return t == LUA_TNIL;
 }
 
+/* track's pushes: the record, its closure, its resource (made eagerly) */
+#define TRACK_STACK (AH_LUV_RES_STACK + 4)
+
 /* a new record takes the callback's place; stack: the n arguments (fresh:
 ** the handle at 1 keeps nothing, as its user value was just read) */
 static AH_NOINLINE int track(lua_State *L, ah_state *st, ah_luv *lv,
@@ -388,7 +365,7 @@ static AH_NOINLINE int track(lua_State *L, ah_state *st, ah_luv *lv,
                    lua_type(L, 1) == LUA_TUSERDATA ? 1 : 0;
   int keep = sp->kind == W_HANDLE && handle_idx;
   ah_rec *r;
-  luaL_checkstack(L, 12, "async_hooks");
+  luaL_checkstack(L, TRACK_STACK, "async_hooks");
   /* everything that can fail, before luv sees anything */
   if (keep) keep = fresh ? AH_SLOT_NIL : ah_luv_slot_reserve(L, lv, 1, sp->slot);
   r = new_record(L, st, sp, pos, s, handle_idx, n); /* n+1 */
@@ -441,7 +418,7 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
     int closure = 0, udata = lua_type(L, 1) == LUA_TUSERDATA;
     n = lua_gettop(L);
     if (sp->kind == W_HANDLE && lv->handles && udata) {
-      ah_rec *r = ah_luv_slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
+      ah_rec *r = slot_get(L, lv, 1, sp->slot, &closure); /* n+1, n+2 */
       if (r) return rearm(L, st, sp, s, n, pos, r, closure);
       lua_pop(L, 1);
     }
@@ -462,17 +439,13 @@ static AH_NOINLINE int wrapped_tracked(lua_State *L, const ah_spec *sp,
   /* a tracked registration of the handle ends: closed, or replaced by an
   ** untracked callback (dropping the record at once, not when the handle
   ** is collected, keeps what its callback holds out of the collector's
-  ** old generation: measured +2.6k instructions per request without) */
+  ** old generation) */
   nres = sp->orig(L);
-  luaL_checkstack(L, 8, "async_hooks");
+  luaL_checkstack(L, AH_LUV_SLOT_STACK, "async_hooks");
   ah_luv_slot_drop(L, st, lv, 1, sp->kind == W_CLOSE ? 0 : sp->slot);
   return nres;
 }
 
-/* The stand-in for a callback-taking luv function.  When nothing can
-** observe the registration and no tracked handle registration exists, it
-** is luv's function and a few tests (a small frame of its own: the rest is
-** in wrapped_tracked). */
 /* The specs checked last, by the address of their block (see ah_st in
 ** base.h for why a value whose block is at the address of a spec checked
 ** before is that spec): a small cache, a few per Lua state in use, which
@@ -508,6 +481,10 @@ static void forget_specs(const ah_luv *lv) {
   ah_store_ptr(spec_last, SPEC_NONE);
 }
 
+/* The stand-in for a callback-taking luv function.  When nothing can
+** observe the registration and no tracked handle registration exists, it
+** is luv's function and a few tests (a small frame of its own: the rest is
+** in wrapped_tracked). */
 static int wrapped(lua_State *L) {
   const ah_spec *sp = (const ah_spec *)lua_touserdata(L, W_SPEC);
   ah_luv *lv;
@@ -559,12 +536,36 @@ static const char *const kind_names[] = {
 };
 typedef char ah_kind_names_match[W_WORK == 4 && W_HANDLE == 0 ? 1 : -1];
 
+/* the positional form luv_wrap(orig, op, pos, alt, kind number, type,
+** slot, fn, fields), made a spec table at 2 (kept for spec/12 until it
+** calls the table form; nothing else uses it) */
+static void positional_spec(lua_State *L) {
+  static const char *const keys[] = {"op", "pos", "alt", "kind", "type",
+                                     "slot", "fn", "fields"};
+  int i;
+  lua_settop(L, 9);
+  lua_createtable(L, 0, 8);
+  for (i = 0; i < 8; i++) {
+    lua_Integer k;
+    int isnum;
+    lua_pushvalue(L, 2 + i);
+    k = lua_tointegerx(L, -1, &isnum);
+    if (i == 3 && isnum && k >= 0 && k <= W_WORK) {
+      lua_pop(L, 1);
+      lua_pushstring(L, kind_names[k]);
+    }
+    lua_setfield(L, -2, keys[i]);
+  }
+  lua_replace(L, 2);
+}
+
 static int l_luv_wrap(lua_State *L) {
   lua_CFunction f = lua_tocfunction(L, 1);
   ah_spec *sp;
   int i, kind;
   luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
                    "C function without upvalues");
+  if (lua_gettop(L) > 2) positional_spec(L);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   /* the spec's fields, 3 .. 6: op, kind, type, fields */
@@ -706,8 +707,7 @@ static ah_luv *luv_state(lua_State *L) {
 ** freed first).  The library's own registry entries, made at install, push
 ** the next fresh reference past the registry's array part, and a callback
 ** re-armed step after step then keeps a reference in its hash part, where
-** each of luv's lookups costs about twice as much (about 90 instructions per
-** step of a timer chain, measured).  Taking AH_WARM_REFS fresh references
+** each of luv's lookups costs about twice as much.  Taking AH_WARM_REFS fresh references
 ** and freeing them, highest first, grows the array part over them and
 ** leaves the lowest at the head of the free list, where luv finds them. */
 #define AH_WARM_REFS 32
