@@ -103,7 +103,7 @@ int ah_luv_rec_call(lua_State *L) {
   }
   ah_set_frame(L, s, n + 4);
   pov = st->ov.slot;
-  if (pov == s) st->ov.slot = 0; /* in a coroutine's event (see core.h) */
+  if (pov == s) st->ov.slot = 0; /* in a coroutine's event (see ah.h) */
   st->active++;
   /* an error of the before dispatch is the callback's (which does not
   ** run), raised once the context is restored */
