@@ -15,6 +15,7 @@ files["lua/async_hooks/api.lua"] = {
   read_globals = { math = { fields = { "tointeger" } } },
 }
 files["lua/async_hooks/init.lua"] = { std = "luajit" }
+files["lua/async_hooks/errors.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }

@@ -44,6 +44,7 @@ local unpack = unpack
 local stdco = coroutine
 local co_running = stdco.running
 local debug = require("debug")
+local raise_at_caller = require("async_hooks.errors").raise
 
 local registry = debug.getregistry()
 local persist = registry["async_hooks.backend.ngx"]
@@ -278,25 +279,11 @@ B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
 -- values and scopes
 ---------------------------------------------------------------------------
 
-local function typename(v)
-  local mt = getmetatable(v)
-  if type(mt) == "table" and type(mt.__name) == "string" then return mt.__name end
-  return type(v)
-end
-
-local function classname(class)
-  if type(class) == "table" then return class.__name end
-  return class
-end
-
-local function selferror(method, class, self)
-  error(("calling '%s' on bad self (%s expected, got %s)"):format(method, classname(class), typename(self)), 3)
-end
-
-function B.getter(method, class)
+-- get/set raise the api's message(self) on a bad self, at their caller
+function B.getter(_, _, message)
   return function(self)
     local tok = type(self) == "table" and rawget(self, 1)
-    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
     local v = frame_now()[tok]
     if v == nil then return self.default end
     if v == NILV then return nil end
@@ -304,10 +291,10 @@ function B.getter(method, class)
   end
 end
 
-function B.setter(method, class)
+function B.setter(_, _, message)
   return function(self, value)
     local tok = type(self) == "table" and rawget(self, 1)
-    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
     local rec = current()
     rec[F] = with(rec[F], tok, value)
   end
@@ -796,13 +783,13 @@ B.install_options = {}
 function B.install()
   if persist.orig then return end
   local t, tm = ngx.thread, ngx.timer
-  if type(t) ~= "table" or type(tm) ~= "table" then return "ngx.thread and ngx.timer are missing" end
+  if type(t) ~= "table" or type(tm) ~= "table" then return "missing", "ngx.thread and ngx.timer" end
   local o = {
     create = stdco.create, wrap = stdco.wrap, yield = stdco.yield,
     spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
   }
   for k, f in pairs(o) do
-    if type(f) ~= "function" then return "cannot patch " .. k .. " (a " .. type(f) .. ")" end
+    if type(f) ~= "function" then return "unpatchable", k, f end
   end
   std.create, std.wrap, std.yield = o.create, o.wrap, o.yield
   stdco.create, stdco.wrap, stdco.yield = co_create, co_wrap, co_yield
