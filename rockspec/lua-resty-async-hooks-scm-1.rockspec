@@ -27,5 +27,6 @@ build = {
     ["async_hooks.errors"] = "lua/async_hooks/errors.lua",
     ["async_hooks.backend.ngx"] = "lua/async_hooks/backend/ngx.lua",
     ["async_hooks.backend.ngx_hooks"] = "lua/async_hooks/backend/ngx_hooks.lua",
+    ["async_hooks.backend.ngx_private"] = "lua/async_hooks/backend/ngx_private.lua",
   },
 }
