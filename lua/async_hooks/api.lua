@@ -115,13 +115,13 @@ local REFUSED = {
   unpatchable = function(k, v) return ("cannot patch %s (a %s)"):format(k, type(v)) end,
 }
 
---- The message for what B.install returned, or nil when it was done.
+-- The message for what B.install returned, or nil when it was done.
 local function refused(why, ...)
   if why == nil then return nil end
   return REFUSED[why](...)
 end
 
---- Raise, at the api's caller, the first field of B that breaks CONTRACT.
+-- Raise, at the api's caller, the first field of B that breaks CONTRACT.
 local function check_backend(B)
   if type(B) ~= "table" then
     error("async_hooks.api: backend table expected, got " .. type(B), 3)
@@ -155,7 +155,7 @@ return function(B)
   local CLASSES = { [M] = "the async_hooks module" }
 
   -- ------------------------------------------------------------
-  -- checks (message builders; the caller raises with level 2)
+  -- checks (message builders; the public function raises)
   -- ------------------------------------------------------------
 
   --- A function, or a table or userdata whose metatable has `__call` (the C

@@ -1,5 +1,5 @@
---- The Lua 5.4 backend: the C core `async_hooks.core` behind the interface
--- that `async_hooks.api` documents at its top.
+--- The Lua 5.4 backend: the C core `async_hooks.core` behind the contract
+-- that `async_hooks.api` checks at load.
 --
 -- Scopes are to-be-closed variables holding a value whose `__close` (in C)
 -- restores the previous context, so they restore on return, on error (the

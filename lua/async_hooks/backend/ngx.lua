@@ -34,8 +34,7 @@
 -- `disable()` makes values collectable); `NILV` stands for an explicit nil.
 --
 -- The hook events (the hook lists and their dispatch, the destroy queues,
--- the GC tokens, the scope counts that hold a destroy) are in
--- `ngx_hooks.lua`.
+-- the GC tokens) are in `ngx_hooks.lua`.
 -- @module async_hooks.backend.ngx
 
 local ngx = ngx
@@ -115,9 +114,9 @@ local next_id = 2
 -- when none is open.  ngx.exit (ngx.OK in rewrite/access: "go on with the
 -- next phase"; any status before the log phase) abandons the handler's
 -- thread without unwinding: its scopes never close.  A later phase of the
--- request finds OPEN from another phase, gives the abandoned runInAsyncScope scopes their
--- `after` (innermost first) and restores the state saved before the
--- outermost.  Header/body filters and the balancer run nested inside a
+-- request finds OPEN from another phase, gives the abandoned
+-- runInAsyncScope scopes their `after` (innermost first) and restores the
+-- state saved before the outermost.  Header/body filters and the balancer run nested inside a
 -- handler (inside ngx.say, ngx.flush, a proxied subrequest): the handler's
 -- scopes are still open there.
 local OPEN = {}
@@ -504,7 +503,7 @@ end
 -- which LuaJIT takes from the instruction that loaded the called value: a
 -- local's name, but none for the result of an `or`.  So the user's function
 -- runs nameless, as it does as a timer's, light thread's or coroutine's
--- body under ngx_lua itself (two bytecodes more than a plain local call;
+-- body under ngx_lua itself (a little more than a plain local call;
 -- nothing in a trace).  The scopes call it through pcall: nameless too.
 
 -- the coroutine functions ours call: ngx_lua's (as found at install)
@@ -521,10 +520,10 @@ end
 
 -- coroutine.yield: `after` when a library coroutine yields, `before` when it
 -- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
--- make are not visible)
+-- make are not visible).
 -- Scopes (runInAsyncScope) open in the coroutine get their `after` at the
 -- yield, innermost first, after which the coroutine's own; at the resume
--- the coroutine's `before`, then theirs, outermost first (SPEC 3.1).
+-- the coroutine's `before`, then theirs, outermost first (as on Lua 5.4).
 -- An error of these dispatches is raised by yield (at the yield: before
 -- yielding; at the resume: once resumed), the coroutine's own code's.
 local function resumed(rec, ...)
@@ -639,11 +638,11 @@ local function make_kill(real)
 end
 
 -- timers: every run of the callback is a fake request; the trampoline
--- makes the callback's record for that run, as the fake request's ngx.ctx
--- (assigned to ngx.ctx, which a callback's fake request starts without).  ngx_lua unrefs the ctx when
--- the fake request ends, whichever way the callback ended, and the next
--- run (the same timer's, or another timer's on the recycled fake request,
--- Lua thread and address) starts without one.  Not reused from one run to
+-- makes the callback's record for that run and assigns it to ngx.ctx,
+-- which a callback's fake request starts without.  ngx_lua unrefs the ctx
+-- when the fake request ends, whichever way the callback ended, and the
+-- next run (the same timer's, or another timer's on the recycled fake
+-- request, Lua thread and address) starts without one.  Not reused from one run to
 -- the next: user code may keep ngx.ctx.
 local function timer_rec(frame, id, trigger, res)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
@@ -690,8 +689,8 @@ end
 
 -- calls f(p) from a frame with two named locals: ngx.log looks up the name
 -- of the function that logs (lua_getinfo "n", see NAMELESS), and LuaJIT
--- scans the variable info of the caller at the call first -- about 1,000
--- instructions per log line when the caller is timer_cb0 with its 10 locals
+-- scans the variable info of the caller at the call first: costly per log
+-- line when the caller is timer_cb0, with its many locals
 local function call1(f, p)
   (f or false)(p)
 end
