@@ -15,6 +15,7 @@ files["lua/async_hooks/api.lua"] = {
   read_globals = { math = { fields = { "tointeger" } } },
 }
 files["lua/async_hooks/init.lua"] = { std = "luajit" }
+files["lua/async_hooks/errors.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }
@@ -26,6 +27,9 @@ files["bench/http_server.lua"] = { globals = { "coroutine" } }
 -- ngx_lua globals); the backend patches coroutine.create/wrap/yield
 files["lua/async_hooks/backend/ngx.lua"] = { std = "ngx_lua", globals = { "coroutine" } }
 files["lua/async_hooks/backend/ngx_hooks.lua"] = { std = "ngx_lua" }
+files["lua/async_hooks/backend/ngx_private.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_ngx_app.lua"] = { std = "ngx_lua" }
+files["spec/support/ah_ngx_same.lua"] = { std = "ngx_lua" }
+files["spec/support/ah_ngx_internals.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_bad_input.lua"] = { std = "ngx_lua" }
 files["bench/openresty_app.lua"] = { std = "ngx_lua" }

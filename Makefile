@@ -27,9 +27,18 @@ all: build
 deps:
 	@./.ci/deps
 
-build: deps
+# The rock is reinstalled into $(TREE) only when what it is built from
+# changed (the folders too: a file added or removed); `make clean` (as CI
+# does first) builds from scratch.
+BUILT   := $(TREE)/.async-hooks-built
+SOURCES := $(shell find src lua) CMakeLists.txt $(ROCKSPEC)
+
+build: $(BUILT)
+
+$(BUILT): $(SOURCES) | deps
 	rm -rf build.luarocks
 	$(STRICT) $(LUAROCKS) --tree $(TREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
+	touch $@
 
 test: build
 	$(call PATHS,$(TREE)) && $(BUSTED) $(BUSTED_ARGS)
@@ -80,7 +89,7 @@ faults: asanbuild
 demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua
 
-# the issue-9 table (instructions, memory, HTTP), each row with its target
+# the benchmark table (instructions, memory, HTTP), each row with its target
 bench: build
 	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
 

@@ -1,4 +1,4 @@
---- Benchmark 4 (Node's next-tick depth/breadth): a chain of callbacks where
+--- Node's next-tick depth/breadth benchmark: a chain of callbacks where
 -- each schedules the next, and a breadth variant with many registered at
 -- once; raw luv vs installed, with a value set, with all hooks enabled.
 local U = require("util")

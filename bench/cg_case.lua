@@ -4,7 +4,8 @@
 -- raw coroutines and luv), "installed" (installed, nothing set), "value"
 -- (installed, an AsyncLocal set around the case), "hooks" (installed, four
 -- empty hooks enabled, nothing set) or "hooks_res" (the same, with an init
--- that takes its 4th parameter: resources are made for it).  Only the public API is used.  Prints
+-- that takes its 4th parameter: resources are made for it).  Only the
+-- public API is used.  Prints
 -- "CASE-OK <detail>" at the end; a case that did not carry the context it
 -- should have fails instead, so a broken fast path cannot pass as a fast one.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
@@ -172,8 +173,7 @@ end
 
 --- ... against the cheapest Lua equivalent: a method call returning a field,
 -- `obj:m()` with `m` returning `self.x`, in the usual class idiom (`m` found
--- through the metatable's `__index`; the figure the issue's "now" column
--- used) ...
+-- through the metatable's `__index`) ...
 function cases.method()
   local C = {}
   C.__index = C

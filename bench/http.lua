@@ -1,12 +1,12 @@
---- HTTP rows of issue 9: the coroutine-per-request server (a 0 ms timer, a
--- file read, the answer; bench/http_server.lua) without tracking, with an
+--- The HTTP rows: the coroutine-per-request server (a 0 ms timer, a file
+-- read, the answer; bench/http_server.lua) without tracking, with an
 -- AsyncLocal set per request, and with four empty hooks; Node's twin
 -- (bench/node_server.js: none, AsyncLocalStorage, empty hooks) in the same
 -- run, and the AsyncLocal row's measured floor (bench/floor.c in place of
--- the library: http_server.lua's "floor").  All seven servers run at once, pinned to CPU 0 (idle but one); wrk
--- runs pinned to CPU 1, against each server in turn, BENCH_HTTP_ROUNDS (11)
--- rounds of BENCH_HTTP_SECONDS (1) each after a 1 s warm-up, the order
--- reversed every other round.  A ratio is taken inside one round (paired);
+-- the library: http_server.lua's "floor").  All seven servers run at once,
+-- pinned to CPU 0 (idle but one); wrk runs pinned to CPU 1, against each
+-- server in turn, BENCH_HTTP_ROUNDS (11) rounds of BENCH_HTTP_SECONDS (1)
+-- each after a 1 s warm-up, the order reversed every other round.  A ratio is taken inside one round (paired);
 -- the rows report the median of the paired ratios.  Every server checks each
 -- response's context against its own request; a mismatch fails the row.
 -- Each paired ratio is also printed from the server's CPU time per request
@@ -228,7 +228,7 @@ function M.run()
     local c = cpu_median(name)
     return ("%.3fx%s"):format(x, c and (" (cpu %.3fx)"):format(c) or "")
   end
-  -- the floor rule (issue 9; as bench/instructions.lua applies it), for
+  -- the floor rule (as bench/instructions.lua applies it), for
   -- each half of the target on its own: a half the floor meets (by
   -- throughput and by CPU time), the row must meet too; a half the floor
   -- misses, the row may miss within 5 % of the floor (by both)

@@ -6,9 +6,10 @@
 -- pattern) | floor (the AsyncLocal row's measured floor: bench/floor.c, the
 -- cheapest code that carries the value the same way, in place of the
 -- library; see bench/README.md) | floor_light (the same, callbacks called
--- from the floor's closure: cheaper than correct, for the record).  The timer is 1 ms unless given.  Prints "PORT <n>", then
--- serves; on SIGTERM prints "STATS served=<n> mismatches=<n>", where a
--- mismatch is a response whose context was not its own request's.
+-- from the floor's closure: cheaper than correct, for the record).  The
+-- timer is 1 ms unless given.  Prints "PORT <n>", then serves; on SIGTERM
+-- prints "STATS served=<n> mismatches=<n>", where a mismatch is a response
+-- whose context was not its own request's.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
 local style, ctx = arg[1] or "callbacks", arg[2] or "none"
 local ms = tonumber(arg[3]) or 1

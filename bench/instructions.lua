@@ -1,5 +1,5 @@
 --- Instruction counts per operation (valgrind --tool=callgrind): exact and
--- repeatable, unlike wall-clock on a shared 2-core VM.  Each figure is
+-- repeatable, unlike wall-clock on a shared machine.  Each figure is
 -- (instructions at n + 1 - instructions at 1) / n, so start-up cancels out,
 -- the median of BENCH_REPEAT such measurements.  Every case runs in its own
 -- process (bench/cg_case.lua); BENCH_JOBS (2) processes run at once
@@ -12,18 +12,17 @@ local M = {}
 local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 2
 -- BENCH_REPEAT (3): every figure is the median of this many measurements,
 -- each in fresh processes (Lua seeds its string hashes per process, which
--- moves single figures by up to about 2 %)
+-- moves single figures a little)
 local REPEAT = math.max(1, tonumber(os.getenv("BENCH_REPEAT")) or 3)
 -- BENCH_ONLY: a Lua pattern; only rows whose case name matches it
 local ONLY = os.getenv("BENCH_ONLY")
 
---- The issue's rows: {label, case, variant, baseline case, baseline variant,
--- target, floor = case}.  A row with a floor (its case run under variant
--- "raw": bench/floor.c, the cheapest correct code for the operation; see
--- bench/README.md) is also ok within FLOOR_SLACK of the floor's ratio, when
--- the floor itself is above the target (issue 9: "where a target turns out
--- to be physically impossible, show the measured floor and get within 5 %
--- of it").
+--- The rows with their targets: {label, case, variant, baseline case,
+-- baseline variant, target, floor = case}.  A row with a floor (its case
+-- run under variant "raw": bench/floor.c, the cheapest correct code for the
+-- operation; see bench/README.md) is also ok within FLOOR_SLACK of the
+-- floor's ratio when the floor itself misses the target: a target no
+-- correct code can reach is replaced by the measured floor.
 M.ROWS = {
   { "luv 0 ms timer chain, value set (every registration tracked) vs raw luv",
     "timer_chain", "value", "timer_chain", "raw", 1.50 },

@@ -1,4 +1,4 @@
---- Memory rows of issue 9, each measured in a fresh process
+--- The memory rows, each measured in a fresh process
 -- (bench/mem_case.lua) under both collectors: the stand-alone lua5.4 runs
 -- the generational one, embedders get the incremental one.  Bytes are
 -- counted by malloc (bench/memcount.c: the Lua heap plus what luv and the

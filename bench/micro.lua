@@ -1,5 +1,6 @@
---- Benchmarks 1-3 and 6: coroutine switch, coroutine lifecycle, context
--- values; each against raw Lua and against a pure-Lua implementation.
+--- Wall-clock benchmarks of coroutine switch, coroutine lifecycle and
+-- context values, each against raw Lua and against a pure-Lua
+-- implementation (bench/purelua.lua).
 local U = require("util")
 local raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield,
   wrap = coroutine.wrap }

@@ -1,4 +1,4 @@
---- make bench: the issue-9 table, every row with its target and ok/missed.
+--- make bench: the table of rows, each with its target and ok/missed.
 --   lua5.4 bench/run.lua            instructions, memory, HTTP rows, httpinstr
 --   lua5.4 bench/run.lua instr      instruction rows only (make bench-instr)
 --   lua5.4 bench/run.lua memory     memory rows only

@@ -210,7 +210,7 @@ describe("the api layer under LuaJIT", function()
       local nop = function() end
       local B = { name = "stub", persist = {}, install_options = { luv = true }, coroutine = coroutine }
       for _, k in ipairs { "current_frame", "empty_frame", "executionAsyncId", "triggerAsyncId",
-        "executionAsyncResource", "emit_init", "emit_destroy", "gc_token_cancel", "hook_enable", "hook_disable",
+        "executionAsyncResource", "emit_init", "emit_destroy", "flush", "gc_token", "gc_token_cancel", "hook_enable", "hook_disable",
         "uninstall", "install" } do B[k] = nop end
       B.newtoken = function() return {} end
       B.getter = function() return function(self) return self.default end end

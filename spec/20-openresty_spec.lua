@@ -50,6 +50,10 @@ local SERVER = table.concat({
   "location /ids { " .. app("ids") .. " }",
   "location /log_names { " .. app("log_names") .. " }",
   "location /bad_input { " .. app("bad_input") .. " }",
+  [[location /internals {
+      content_by_lua_block { require('ah_ngx_app').internals() }
+      header_filter_by_lua_block { require('ah_ngx_app').internals_header_filter() }
+    }]],
   "location /soak { " .. app("soak") .. " }",
   "location /soak_stats { " .. app("soak_stats") .. " }",
   [[location /uninstall { content_by_lua_block {
@@ -248,13 +252,25 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     assert.are.equal(33, #cases)
   end)
 
+  it("reads lua-resty-core's internals only where no public API exists, and they mean what it takes", function()
+    -- (async_hooks.backend.ngx_private): when this fails, lua-resty-core or
+    -- ngx_lua changed what the backend reads there
+    local res = srv:get_many({ "/internals" })[1]
+    assert.are.equal(200, res[1], res[2])
+    -- internal ctx and phase reads in use; in a request, no ctx yet; the
+    -- ctx once made, once replaced; content's phase number; in a timer: a
+    -- request, no ctx, the one assigned, the timer's phase number
+    assert.are.equal("true true true nil true true true true nil true true\n", res[2])
+    assert.matches("\r\nX%-Nested: true\r\n", res[3])
+  end)
+
   it("what ngx_lua refuses (C functions, bad delays, bad kill) raises its own error at the caller's line as without the library", function()
     local l = lines(get("/same_errors"))
     assert.are.equal(31, #l, table.concat(l, "\n"))
     for _, x in ipairs(l) do assert.matches("^same ", x) end
     -- the cases do reach ngx_lua's checks
-    assert.matches("same at%(C function%): error .*ah_ngx_app%.lua:%d+: bad argument #2 to 'at' %(Lua function expected%)", l[5])
-    assert.matches("same kill%(%): error .*ah_ngx_app%.lua:%d+: bad argument #1 to 'kill' %(lua thread expected%)", l[27])
+    assert.matches("same at%(C function%): error .*ah_ngx_same%.lua:%d+: bad argument #2 to 'at' %(Lua function expected%)", l[5])
+    assert.matches("same kill%(%): error .*ah_ngx_same%.lua:%d+: bad argument #1 to 'kill' %(lua thread expected%)", l[27])
     assert.matches("same kill(a thread): error results: 1 |", l[30], nil, true)
   end)
 
@@ -273,7 +289,7 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
     for carrier, t in pairs(seen) do
       n = n + 1
       assert.is_string(t.without, carrier)
-      assert.matches("^ah_ngx_app%.lua:%d+:|", t.without, nil, false, carrier)
+      assert.matches("^ah_ngx_same%.lua:%d+:|", t.without, nil, false, carrier)
       assert.are.equal(t.without, t.with, carrier)
     end
     assert.are.equal(18, n)

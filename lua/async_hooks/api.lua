@@ -17,69 +17,9 @@
 -- module's function with it.  Written in Lua 5.1 syntax: it loads in Lua 5.4
 -- and in LuaJIT.
 --
--- The backend interface (`B` below; frames, tokens and guards are opaque):
---
---    B.name                    "lua54" or "ngx"
---    B.persist                 a table that survives re-`require` in the same
---                              state; the api keeps the module in B.persist.module
---    B.newtoken()              a fresh token; an AsyncLocal/AsyncLocalStorage
---                              object keeps its token at obj[1], its default
---                              at obj.default
---    B.getter(method, class)   the get function (v:get(), als:getStore()); it
---                              checks self and raises "calling '<method>' on bad
---                              self (<class> expected, got <type>)" at the
---                              caller's line
---    B.setter(method, class)   the same for set / enterWith
---    B.run_with(obj, value, fn, ...)
---                              fn(...) with obj's value set; the whole context
---                              restored on return and on error (error value
---                              unchanged); obj and fn already checked; called
---                              as a tail call
---    B.runner(message)         (optional) the whole run(self, value, fn, ...)
---                              of AsyncLocal/AsyncLocalStorage, checking self
---                              and fn itself; on bad input it raises the
---                              string message(self, value, fn) with the
---                              position of run's caller.  Saves run a Lua
---                              call and two C calls of checks
---    B.current_frame(), B.empty_frame()
---    B.run_in_frame(frame, fn, ...)
---                              fn(...) in that frame, restored after (as run_with)
---    B.executionAsyncId(), B.triggerAsyncId(), B.executionAsyncResource()
---    B.new_ids([trigger])      id, trigger of a new resource (trigger an integer
---                              >= -1, already checked; nil: the current id)
---    B.emit_init(id, type, trigger, resource)
---    B.emit_destroy(id, resource, tok)
---                              (tok: the resource's GC token or nil, cancelled
---                              first: a destroy hook's error does not undo it)
---    B.flush()                 deliver queued destroys now, unless a hook,
---                              finalizer, callback, resume or scope is running
---    B.gc_token(id), B.gc_token_cancel(tok)
---                              destroy(id) when the token is collected / never
---    B.hook_count(kind)        enabled hook functions of kind "init", "before",
---                              "after" or "destroy"
---    B.hook_enable(h), B.hook_disable(h)
---                              h has fields init/before/after/destroy (each nil
---                              or callable: a function or a table/userdata with
---                              __call); idempotent; return nothing
---    B.run_in_scope(id, trigger, resource, frame, fn, ...)
---                              runInAsyncScope: before/after, ids, resource,
---                              frame; restored on return and error
---    B.coroutine               the drop-in coroutine library
---    B.install_options         set of accepted install{} keys ({luv = true})
---    B.install(opts)           opts nil or a table with accepted keys only;
---                              checks everything else before it patches
---                              anything; returns nil when done, or a string
---                              saying why opts were refused (nothing patched),
---                              which the api raises as "bad argument #1 to
---                              'install' (<string>)" at the user's line
---    B.uninstall(), B.installed()
---    B.luv_covered             (optional) sorted names of wrapped luv functions
---    B.set_libdir(dir)         (optional) the library's folder ("@.../"), for
---                              the positions of errors raised by the backend
---
 -- Errors raised here carry the position of the user's call: checks are
--- written in the public function itself (`raise(msg)`, below), helpers only
--- build messages.
+-- written in the public function itself (`raise(msg)`, async_hooks.errors),
+-- helpers only build messages.
 local type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget =
   type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget
 local dgetmetatable = debug.getmetatable
@@ -88,31 +28,117 @@ local tointeger = math.tointeger or function(x) -- LuaJIT: exact integers of a d
   if x == floor(x) and x >= -2 ^ 53 and x <= 2 ^ 53 then return x end
   return nil
 end
+local errors = require("async_hooks.errors")
+local raise, typename, LIBDIR = errors.raise, errors.typename, errors.LIBDIR
+
+
+-- The backend `B` (frames, tokens and guards are opaque to this file):
+-- every field it must have, with its type; checked when this module's
+-- function is called, so that a missing one fails at require time under
+-- its name.  Optional fields are marked.
+local CONTRACT = {
+  { "name", "string" }, -- "lua54" or "ngx"
+  -- survives a re-`require` in the same state; this file keeps the module
+  -- in persist.module
+  { "persist", "table" },
+  -- newtoken(): a fresh token; an AsyncLocal/AsyncLocalStorage keeps its
+  -- token at obj[1], its default at obj.default
+  { "newtoken", "function" },
+  -- getter(method, class, message): the get function (v:get(),
+  -- als:getStore()); on a bad self it raises message(self) at the caller's
+  -- line (errors.raise; the C core builds the same message itself)
+  { "getter", "function" },
+  { "setter", "function" }, -- the same for set / enterWith
+  -- run_with(obj, value, fn, ...): fn(...) with obj's value set, the whole
+  -- context restored on return and on error (error value unchanged); obj
+  -- and fn already checked; called as a tail call
+  { "run_with", "function" },
+  -- runner(message): the whole run(self, value, fn, ...) of the locals,
+  -- checking self and fn itself; on bad input it raises the string
+  -- message(self, value, fn) at run's caller.  Saves run a Lua call and two
+  -- C calls of checks
+  { "runner", "function", optional = true },
+  { "current_frame", "function" },
+  { "empty_frame", "function" },
+  -- run_in_frame(frame, fn, ...): fn(...) in that frame, restored after
+  { "run_in_frame", "function" },
+  { "executionAsyncId", "function" },
+  { "triggerAsyncId", "function" },
+  { "executionAsyncResource", "function" },
+  -- new_ids([trigger]): id, trigger of a new resource (trigger an integer
+  -- >= -1, already checked; nil: the current id)
+  { "new_ids", "function" },
+  { "emit_init", "function" }, -- emit_init(id, type, trigger, resource)
+  -- emit_destroy(id, resource, tok): tok, the resource's GC token or nil,
+  -- is cancelled first (a destroy hook's error does not undo it)
+  { "emit_destroy", "function" },
+  -- flush(): deliver queued destroys now, unless a hook, finalizer,
+  -- callback, resume or scope is running
+  { "flush", "function" },
+  -- gc_token(id), gc_token_cancel(tok): destroy(id) when the token is
+  -- collected / never
+  { "gc_token", "function" },
+  { "gc_token_cancel", "function" },
+  -- hook_count(kind): enabled hook functions of kind "init", "before",
+  -- "after" or "destroy"
+  { "hook_count", "function" },
+  -- hook_enable(h), hook_disable(h): h has fields init/before/after/destroy,
+  -- each nil or callable; idempotent; return nothing
+  { "hook_enable", "function" },
+  { "hook_disable", "function" },
+  -- run_in_scope(id, trigger, resource, frame, fn, ...): runInAsyncScope:
+  -- before/after, ids, resource, frame; restored on return and error
+  { "run_in_scope", "function" },
+  { "coroutine", "table" }, -- the drop-in coroutine library
+  { "install_options", "table" }, -- set of accepted install{} keys
+  -- install(opts): opts nil or a table of accepted keys only; checks
+  -- everything else before it patches anything; returns nothing when done,
+  -- or a key of REFUSED and its arguments (nothing patched)
+  { "install", "function" },
+  { "uninstall", "function" },
+  { "installed", "function" },
+  { "luv_covered", "table", optional = true }, -- sorted names of wrapped luv functions
+  -- set_libdir(dir): the library's folder, for the positions of errors
+  -- raised by the backend's C code (errors.LIBDIR)
+  { "set_libdir", "function", optional = true },
+}
+
+-- Why B.install refused its options: it returns one of these keys and
+-- their arguments.
+local REFUSED = {
+  -- (where: "opts.luv" or "package.loaded.luv")
+  not_luv = function(where, v) return ("luv module in %s expected, got %s"):format(where, typename(v)) end,
+  luv_lacks = function(where, k)
+    return ("luv module in %s expected, got a table without '%s'"):format(where, k)
+  end,
+  missing = function(what) return what .. " are missing" end,
+  unpatchable = function(k, v) return ("cannot patch %s (a %s)"):format(k, type(v)) end,
+}
+
+-- The message for what B.install returned, or nil when it was done.
+local function refused(why, ...)
+  if why == nil then return nil end
+  return REFUSED[why](...)
+end
+
+-- Raise, at the api's caller, the first field of B that breaks CONTRACT.
+local function check_backend(B)
+  if type(B) ~= "table" then
+    error("async_hooks.api: backend table expected, got " .. type(B), 3)
+  end
+  for _, c in ipairs(CONTRACT) do
+    local name, kind = c[1], c[2]
+    local v = B[name]
+    if type(v) ~= kind and not (v == nil and c.optional) then
+      error(("async_hooks.api: backend field '%s' (%s expected, got %s)"):format(name, kind, type(v)), 3)
+    end
+  end
+end
 
 local VERSION = "scm-1"
 
--- The library's own Lua files (this file's folder and below).  An error
--- is positioned at the public function's caller, or, past the library's
--- frames, at the nearest user code: a public function the user called in
--- tail position (`return als:run(s, f)`) has no caller frame left, and the
--- next one may be a library scope's (its run calling the user's function).
-local getinfo = debug.getinfo
-local LIBDIR = (getinfo(1, "S").source or ""):match("^(@.*[/\\])")
-
---- error(msg) at the caller of the public function that calls raise
-local function raise(msg)
-  local level = 3 -- 1: raise, 2: the public function, 3: its caller
-  if LIBDIR then
-    local info = getinfo(level, "S")
-    while info and info.source:sub(1, #LIBDIR) == LIBDIR do
-      level = level + 1
-      info = getinfo(level, "S")
-    end
-  end
-  error(msg, level)
-end
-
 return function(B)
+  check_backend(B)
   if B.persist.module then return B.persist.module end
   if LIBDIR and B.set_libdir then B.set_libdir(LIBDIR) end
 
@@ -129,7 +155,7 @@ return function(B)
   local CLASSES = { [M] = "the async_hooks module" }
 
   -- ------------------------------------------------------------
-  -- checks (message builders; the caller raises with level 2)
+  -- checks (message builders; the public function raises)
   -- ------------------------------------------------------------
 
   --- A function, or a table or userdata whose metatable has `__call` (the C
@@ -142,20 +168,29 @@ return function(B)
     return mt ~= nil and rawget(mt, "__call") ~= nil
   end
 
-  local function typename(v)
+  --- What a message says it got: a class or the module given where an
+  -- object or options were expected, else the type name.
+  local function shown(v)
     local c = CLASSES[v]
     if c then return c .. " (call with '.', not ':')" end
-    local mt = dgetmetatable(v)
-    if type(mt) == "table" and type(rawget(mt, "__name")) == "string" then return mt.__name end
-    return type(v)
+    return typename(v)
   end
 
   local function badarg(n, fname, expected, got)
-    return ("bad argument #%d to '%s' (%s expected, got %s)"):format(n, fname, expected, typename(got))
+    return ("bad argument #%d to '%s' (%s expected, got %s)"):format(n, fname, expected, shown(got))
   end
 
   local function badself(fname, class, got)
-    return ("calling '%s' on bad self (%s expected, got %s)"):format(fname, class, typename(got))
+    return ("calling '%s' on bad self (%s expected, got %s)"):format(fname, class, shown(got))
+  end
+
+  --- A backend's get/set function for `method` of `class` (B.getter or
+  -- B.setter), given its bad-self message: the type name alone, as the C
+  -- core builds it.
+  local function accessor(make, method, class)
+    return make(method, class, function(self)
+      return ("calling '%s' on bad self (%s expected, got %s)"):format(method, class, typename(self))
+    end)
   end
 
   local function keyname(k)
@@ -191,7 +226,7 @@ return function(B)
   local function check_name(opts, fname)
     local name = opts and opts.name
     if name ~= nil and type(name) ~= "string" then
-      return ("bad argument #1 to '%s' (opts.name must be a string, got %s)"):format(fname, typename(name))
+      return ("bad argument #1 to '%s' (opts.name must be a string, got %s)"):format(fname, shown(name))
     end
   end
 
@@ -241,7 +276,7 @@ return function(B)
   end
 
   local AL_KEYS = keys { "name", "default" }
-  local get, set = B.getter("get", "AsyncLocal"), B.setter("set", "AsyncLocal")
+  local get, set = accessor(B.getter, "get", "AsyncLocal"), accessor(B.setter, "set", "AsyncLocal")
 
   --- Create a context value.
   -- @tparam[opt] table opts `{name = string, default = any}`
@@ -295,7 +330,7 @@ return function(B)
   -- @type AsyncLocalStorage
 
   local ALS_KEYS = keys { "name", "defaultValue" }
-  local get_store = B.getter("getStore", "AsyncLocalStorage")
+  local get_store = accessor(B.getter, "getStore", "AsyncLocalStorage")
 
   --- Create a storage.
   -- @tparam[opt] table opts `{name = string, defaultValue = any}`
@@ -331,7 +366,7 @@ return function(B)
   -- @function AsyncLocalStorage:enterWith
   -- @param store the store
   ---@type fun(self: AsyncLocalStorage, store: any)
-  AsyncLocalStorage.enterWith = B.setter("enterWith", "AsyncLocalStorage")
+  AsyncLocalStorage.enterWith = accessor(B.setter, "enterWith", "AsyncLocalStorage")
 
   --- Run `fn(...)` with an explicit nil store (not the default).
   -- @tparam function fn a function or callable
@@ -489,7 +524,7 @@ return function(B)
       local f = callbacks[k]
       if f ~= nil then
         if not callable(f) then
-          raise(("bad argument #1 to 'createHook' (hook.%s must be a function, got %s)"):format(k, typename(f)))
+          raise(("bad argument #1 to 'createHook' (hook.%s must be a function, got %s)"):format(k, shown(f)))
         end
         h[k] = f
       end
@@ -551,7 +586,7 @@ return function(B)
       if msg then return msg end
       trigger, manual = opts.triggerAsyncId, opts.requireManualDestroy
       if manual ~= nil and type(manual) ~= "boolean" then
-        return "bad argument #2 to 'new' (requireManualDestroy must be a boolean, got " .. typename(manual) .. ")"
+        return "bad argument #2 to 'new' (requireManualDestroy must be a boolean, got " .. shown(manual) .. ")"
       end
     elseif opts ~= nil then
       return badarg(2, "new", "number, table or nil", opts)
@@ -560,7 +595,7 @@ return function(B)
       local t = type(trigger) == "number" and tointeger(trigger)
       if not t or t < -1 then
         return "bad argument #2 to 'new' (triggerAsyncId must be an integer >= -1, got " ..
-          (type(trigger) == "number" and tostring(trigger) or typename(trigger)) .. ")"
+          (type(trigger) == "number" and tostring(trigger) or shown(trigger)) .. ")"
       end
       trigger = t
     end
@@ -691,7 +726,7 @@ return function(B)
   function M.install(opts)
     local msg = check_opts(opts, INSTALL_KEYS, 1, "install")
     if msg then raise(msg) end
-    local why = B.install(opts)
+    local why = refused(B.install(opts))
     if why then raise("bad argument #1 to 'install' (" .. why .. ")") end
     return M
   end

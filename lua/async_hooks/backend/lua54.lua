@@ -1,5 +1,5 @@
---- The Lua 5.4 backend: the C core `async_hooks.core` behind the interface
--- that `async_hooks.api` documents at its top.
+--- The Lua 5.4 backend: the C core `async_hooks.core` behind the contract
+-- that `async_hooks.api` checks at load.
 --
 -- Scopes are to-be-closed variables holding a value whose `__close` (in C)
 -- restores the previous context, so they restore on return, on error (the
@@ -13,8 +13,8 @@ local luvmod = require("async_hooks.luv")
 local persist = core.persist()
 if persist.backend then return persist.backend end
 
-local type, rawget, pairs, ipairs, setmetatable, getmetatable, select =
-  type, rawget, pairs, ipairs, setmetatable, getmetatable, select
+local type, rawget, pairs, ipairs, setmetatable, select =
+  type, rawget, pairs, ipairs, setmetatable, select
 local enter, swap, enter_scope = core.enter, core.swap, core.enter_scope
 local hook_counts = core.hook_counts
 local stdco = coroutine
@@ -23,6 +23,8 @@ local coro = core.coro
 local B = { name = "lua54", persist = persist }
 
 B.newtoken = core.newtoken
+-- (the C core builds the bad-self message of get/set itself: the third
+-- argument, the api's message, goes unused)
 B.getter = core.getter
 B.setter = core.setter
 B.current_frame = core.current_frame
@@ -36,8 +38,8 @@ B.emit_init = core.emit_init
 B.emit_destroy = core.emit_destroy
 B.gc_token = core.gc_token
 B.gc_token_cancel = core.gc_token_cancel
--- (optional) the library's folder, from api.lua: errors raised in C are
--- positioned past its frames, as the api's are (see api.lua's raise)
+-- (optional) the library's folder, from the api: errors raised in C are
+-- positioned past its frames, as the api's are (async_hooks.errors)
 B.set_libdir = core.set_libdir
 
 -- User functions are called as `(fn or false)(...)`: Lua names a called
@@ -128,21 +130,12 @@ B.install_options = { luv = true }
 -- what attach() and the preload path use of a luv module
 local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
 
-local function typename(v)
-  local mt = getmetatable(v)
-  if type(mt) == "table" and type(rawget(mt, "__name")) == "string" then return mt.__name end
-  return type(v)
-end
-
--- nil when uv looks like luv, else the reason
+-- nil when uv looks like luv, else why not (a refusal of the api's
+-- REFUSED and its arguments)
 local function not_luv(uv, where)
-  if type(uv) ~= "table" then
-    return ("luv module in %s expected, got %s"):format(where, typename(uv))
-  end
+  if type(uv) ~= "table" then return "not_luv", where, uv end
   for _, k in ipairs(LUV_FUNCS) do
-    if type(uv[k]) ~= "function" then
-      return ("luv module in %s expected, got a table without '%s'"):format(where, k)
-    end
+    if type(uv[k]) ~= "function" then return "luv_lacks", where, k end
   end
 end
 
@@ -217,13 +210,13 @@ end
 
 --- Patch `coroutine` (and luv).  `opts` was type- and key-checked by the
 -- api.  Everything is checked before anything is patched.
--- @return nil, or the reason the options were refused (nothing patched)
+-- @return nothing, or why the options were refused (nothing patched)
 function B.install(opts)
   local uv, where = opts and opts.luv, "opts.luv"
   if uv == nil then uv, where = package.loaded.luv, "package.loaded.luv" end
   if uv ~= nil then
-    local why = not_luv(uv, where)
-    if why then return why end
+    local why, a, b = not_luv(uv, where)
+    if why then return why, a, b end
   end
   if uv ~= nil then
     unwatch()

@@ -1,15 +1,16 @@
 --- The OpenResty backend: contexts for ngx_lua (lua-nginx-module) on LuaJIT.
 --
 -- Plain Lua that LuaJIT compiles; no C core.  `api.lua` builds the public
--- classes on top of it (see the interface comment there).
+-- classes on top of it (see the contract there).
 --
 -- Where the context lives:
 --
 -- * A request's record is its `ngx.ctx` table itself, with the record's
 --   fields under private table keys (F, ID, TRIG, RES, TH; read with
 --   `rawget`): no user key can collide with them, and a request pays no
---   table of its own.  The ctx is found without making it and made by the
---   first set/run.  The rewrite/access/content/filter/log handlers share it,
+--   table of its own.  The ctx is found without making it (`ngx_private`, the
+--   backend's one use of lua-resty-core's internals) and made by the first
+--   set/run.  The rewrite/access/content/filter/log handlers share it,
 --   and it dies with the request.  ngx_lua recycles Lua thread objects (and
 --   request memory) across requests; nothing here is keyed by a thread
 --   alone, so a recycled thread never sees another request's values.
@@ -33,8 +34,7 @@
 -- `disable()` makes values collectable); `NILV` stands for an explicit nil.
 --
 -- The hook events (the hook lists and their dispatch, the destroy queues,
--- the GC tokens, the scope counts that hold a destroy) are in
--- `ngx_hooks.lua`.
+-- the GC tokens) are in `ngx_hooks.lua`.
 -- @module async_hooks.backend.ngx
 
 local ngx = ngx
@@ -44,6 +44,7 @@ local unpack = unpack
 local stdco = coroutine
 local co_running = stdco.running
 local debug = require("debug")
+local raise_at_caller = require("async_hooks.errors").raise
 
 local registry = debug.getregistry()
 local persist = registry["async_hooks.backend.ngx"]
@@ -51,8 +52,8 @@ if persist and persist.backend then return persist.backend end
 persist = persist or {}
 registry["async_hooks.backend.ngx"] = persist
 
-local get_request = require("resty.core.base").get_request
-local get_ctx_table = require("resty.core.ctx").get_ctx_table
+local P = require("async_hooks.backend.ngx_private")
+local get_request, peek_ctx, phase_now, NESTED = P.get_request, P.peek_ctx, P.phase, P.NESTED
 
 local B = { name = "ngx", persist = persist }
 
@@ -106,62 +107,31 @@ local TOP = { [F] = EMPTY, [ID] = 1, [TRIG] = 0, [RES] = TOPRES }
 local top_threads = setmetatable({}, WEAKK) -- coroutines outside requests
 local next_id = 2
 
--- ngx.ctx without making it: resty.core keeps the ctx tables in a registry
--- table indexed by the request's ctx ref (lua-resty-core 0.1.x); when that
--- is not there, fall back to get_ctx_table (which makes the ctx).
-local ffi = require("ffi")
-local get_ctx_ref = ffi.C.ngx_http_lua_ffi_get_ctx_ref -- declared by resty.core.ctx
-local ctxs = registry.ngx_lua_ctx_tables
-
 -- Scopes (run, Snapshot:run, runInAsyncScope, bound functions) open on a
 -- request's record: OPEN is {n = count, phase = the phase they were opened
 -- in, f/id/trig/res = the record's state before the outermost, [i] = the
 -- asyncId of the i-th when it is a runInAsyncScope, else false}, absent
 -- when none is open.  ngx.exit (ngx.OK in rewrite/access: "go on with the
 -- next phase"; any status before the log phase) abandons the handler's
--- thread without unwinding: its scopes never close.  A later phase of the request finds
--- OPEN from another phase, gives the abandoned runInAsyncScope scopes their
--- `after` (innermost first) and restores the state saved before the
--- outermost.  Header/body filters and the balancer run nested inside a
+-- thread without unwinding: its scopes never close.  A later phase of the
+-- request finds OPEN from another phase, gives the abandoned
+-- runInAsyncScope scopes their `after` (innermost first) and restores the
+-- state saved before the outermost.  Header/body filters and the balancer run nested inside a
 -- handler (inside ngx.say, ngx.flush, a proxied subrequest): the handler's
 -- scopes are still open there.
 local OPEN = {}
-local get_raw_phase = rawget(ngx, "get_raw_phase") -- lua-resty-core
-local function phase_now(r)
-  if get_raw_phase ~= nil then return get_raw_phase(r) end
-  return ngx.get_phase()
-end
-local NESTED = {
-  [0x0020] = true, [0x0040] = true, [0x0200] = true,
-  header_filter = true, body_filter = true, balancer = true,
-}
 local abandoned -- (r, rec), below (it emits `after`)
 
 -- the request's state if it has one yet: rs, or nil; false outside requests
 local function peek()
   local r = get_request()
   if r == nil then return false end
-  local ref = get_ctx_ref(r, nil, nil)
-  if ref < 0 then return nil end
-  local ctx = ctxs[ref]
-  if ctx == nil then return nil end
-  if rawget(ctx, F) ~= nil then
+  local ctx = peek_ctx(r)
+  if ctx ~= nil and rawget(ctx, F) ~= nil then
     if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
     return ctx
   end
   return nil
-end
-if type(ctxs) ~= "table" then
-  peek = function()
-    local r = get_request()
-    if r == nil then return false end
-    local ctx = get_ctx_table()
-    if rawget(ctx, F) ~= nil then
-      if rawget(ctx, OPEN) ~= nil then abandoned(r, ctx) end
-      return ctx
-    end
-    return nil
-  end
 end
 
 -- a request's state: the record of its entry threads ({frame, id, trigger,
@@ -169,7 +139,7 @@ end
 -- timer callback's record is made by its trampoline, as the fake request's
 -- ctx.)
 local function new_reqstate()
-  local ctx = get_ctx_table()
+  local ctx = ngx.ctx
   rawset(ctx, F, EMPTY) -- trigger: absent, read as 1
   return ctx
 end
@@ -278,25 +248,11 @@ B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
 -- values and scopes
 ---------------------------------------------------------------------------
 
-local function typename(v)
-  local mt = getmetatable(v)
-  if type(mt) == "table" and type(mt.__name) == "string" then return mt.__name end
-  return type(v)
-end
-
-local function classname(class)
-  if type(class) == "table" then return class.__name end
-  return class
-end
-
-local function selferror(method, class, self)
-  error(("calling '%s' on bad self (%s expected, got %s)"):format(method, classname(class), typename(self)), 3)
-end
-
-function B.getter(method, class)
+-- get/set raise the api's message(self) on a bad self, at their caller
+function B.getter(_, _, message)
   return function(self)
     local tok = type(self) == "table" and rawget(self, 1)
-    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
     local v = frame_now()[tok]
     if v == nil then return self.default end
     if v == NILV then return nil end
@@ -304,10 +260,10 @@ function B.getter(method, class)
   end
 end
 
-function B.setter(method, class)
+function B.setter(_, _, message)
   return function(self, value)
     local tok = type(self) == "table" and rawget(self, 1)
-    if getmetatable(tok) ~= TOKMT then selferror(method, class, self) end
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
     local rec = current()
     rec[F] = with(rec[F], tok, value)
   end
@@ -547,7 +503,7 @@ end
 -- which LuaJIT takes from the instruction that loaded the called value: a
 -- local's name, but none for the result of an `or`.  So the user's function
 -- runs nameless, as it does as a timer's, light thread's or coroutine's
--- body under ngx_lua itself (two bytecodes more than a plain local call;
+-- body under ngx_lua itself (a little more than a plain local call;
 -- nothing in a trace).  The scopes call it through pcall: nameless too.
 
 -- the coroutine functions ours call: ngx_lua's (as found at install)
@@ -564,10 +520,10 @@ end
 
 -- coroutine.yield: `after` when a library coroutine yields, `before` when it
 -- is resumed (the slices ngx_lua's own yields, ngx.sleep and cosockets,
--- make are not visible)
+-- make are not visible).
 -- Scopes (runInAsyncScope) open in the coroutine get their `after` at the
 -- yield, innermost first, after which the coroutine's own; at the resume
--- the coroutine's `before`, then theirs, outermost first (SPEC 3.1).
+-- the coroutine's `before`, then theirs, outermost first (as on Lua 5.4).
 -- An error of these dispatches is raised by yield (at the yield: before
 -- yielding; at the resume: once resumed), the coroutine's own code's.
 local function resumed(rec, ...)
@@ -682,16 +638,15 @@ local function make_kill(real)
 end
 
 -- timers: every run of the callback is a fake request; the trampoline
--- makes the callback's record for that run, as the fake request's ngx.ctx
--- (get_ctx_table installs the table given when the request has no ctx yet,
--- which is the case when a callback starts).  ngx_lua unrefs the ctx when
--- the fake request ends, whichever way the callback ended, and the next
--- run (the same timer's, or another timer's on the recycled fake request,
--- Lua thread and address) starts without one.  Not reused from one run to
+-- makes the callback's record for that run and assigns it to ngx.ctx,
+-- which a callback's fake request starts without.  ngx_lua unrefs the ctx
+-- when the fake request ends, whichever way the callback ended, and the
+-- next run (the same timer's, or another timer's on the recycled fake
+-- request, Lua thread and address) starts without one.  Not reused from one run to
 -- the next: user code may keep ngx.ctx.
 local function timer_rec(frame, id, trigger, res)
   local rec = { [F] = frame, [ID] = id, [TRIG] = trigger, [RES] = res }
-  get_ctx_table(rec)
+  ngx.ctx = rec
   return rec
 end
 
@@ -734,8 +689,8 @@ end
 
 -- calls f(p) from a frame with two named locals: ngx.log looks up the name
 -- of the function that logs (lua_getinfo "n", see NAMELESS), and LuaJIT
--- scans the variable info of the caller at the call first -- about 1,000
--- instructions per log line when the caller is timer_cb0 with its 10 locals
+-- scans the variable info of the caller at the call first: costly per log
+-- line when the caller is timer_cb0, with its many locals
 local function call1(f, p)
   (f or false)(p)
 end
@@ -796,13 +751,13 @@ B.install_options = {}
 function B.install()
   if persist.orig then return end
   local t, tm = ngx.thread, ngx.timer
-  if type(t) ~= "table" or type(tm) ~= "table" then return "ngx.thread and ngx.timer are missing" end
+  if type(t) ~= "table" or type(tm) ~= "table" then return "missing", "ngx.thread and ngx.timer" end
   local o = {
     create = stdco.create, wrap = stdco.wrap, yield = stdco.yield,
     spawn = t.spawn, kill = t.kill, at = tm.at, every = tm.every,
   }
   for k, f in pairs(o) do
-    if type(f) ~= "function" then return "cannot patch " .. k .. " (a " .. type(f) .. ")" end
+    if type(f) ~= "function" then return "unpatchable", k, f end
   end
   std.create, std.wrap, std.yield = o.create, o.wrap, o.yield
   stdco.create, stdco.wrap, stdco.yield = co_create, co_wrap, co_yield

@@ -2,11 +2,11 @@
 -- init/before/after/destroy dispatch, the queued destroys and their flush,
 -- and the GC tokens that destroy on collection.
 --
--- Split out of `backend/ngx.lua`, which makes one instance at load with
--- `new` and keeps the hot functions (emit_before/emit_after, flush_pending)
--- in locals.  The hook counts are read in
--- `ngx.lua` too: `new` is given a function that it calls with them each
--- time they change, so that `ngx.lua` keeps its own copies in upvalues.
+-- `backend/ngx.lua` makes one instance at load with `new` and keeps the
+-- hot functions (emit_before/emit_after, flush_pending) in locals.  It reads
+-- the hook counts too: `new` is given a function that it calls with them
+-- each time they change, so that `ngx.lua` keeps its own copies in
+-- upvalues.
 -- Plain Lua for LuaJIT, like `ngx.lua`.
 -- @module async_hooks.backend.ngx_hooks
 

@@ -1,0 +1,44 @@
+--- What every error message of the library shares: the type name it shows
+-- and the position it is raised at.  The messages themselves are
+-- `async_hooks.api`'s; the backends raise through here too.  Lua 5.1
+-- syntax: it loads in Lua 5.4 and in LuaJIT.
+-- @module async_hooks.errors
+local type, rawget, error = type, rawget, error
+local getinfo, dgetmetatable = debug.getinfo, debug.getmetatable
+
+local M = {}
+
+--- The library's own Lua files: this file's folder and below ("@.../"),
+-- nil when loaded from a string.
+M.LIBDIR = (getinfo(1, "S").source or ""):match("^(@.*[/\\])")
+local LIBDIR = M.LIBDIR
+
+--- A value's type as messages show it: its metatable's `__name` when that
+-- is a string, else `type(v)` (as Lua's own `luaL_typeerror`).
+function M.typename(v)
+  local mt = dgetmetatable(v)
+  if type(mt) == "table" then
+    local name = rawget(mt, "__name")
+    if type(name) == "string" then return name end
+  end
+  return type(v)
+end
+
+--- error(msg) at the caller of the public function that calls raise, or,
+-- past the library's frames, at the nearest user code: a public function
+-- the user called in tail position (`return als:run(s, f)`) has no caller
+-- frame left, and the next one may be a library scope's (its run calling
+-- the user's function).  The C core follows the same rule (`set_libdir`).
+function M.raise(msg)
+  local level = 3 -- 1: raise, 2: the public function, 3: its caller
+  if LIBDIR then
+    local info = getinfo(level, "S")
+    while info and info.source:sub(1, #LIBDIR) == LIBDIR do
+      level = level + 1
+      info = getinfo(level, "S")
+    end
+  end
+  error(msg, level)
+end
+
+return M
