@@ -48,7 +48,8 @@ local function fields_of(line)
 end
 
 -- expected: a string, or a list of lines, each a string or a list of
--- "name: value" fields; returns the text and, per line, the field names
+-- fields, "name: value" or a bare value; returns the text and, per line,
+-- the field names
 local function expected_text(expected)
   if type(expected) == "string" then return expected, {} end
   local lines, names = {}, {}
@@ -57,9 +58,9 @@ local function expected_text(expected)
       local values = {}
       names[i] = {}
       for j, field in ipairs(line) do
+        field = tostring(field)
         local name, value = field:match("^(.-): (.*)$")
-        if not name then error(("H.lua_ok: line %d, field %d: \"name: value\" expected, got %q"):format(i, j, field), 3) end
-        names[i][j], values[j] = name, value
+        names[i][j], values[j] = name, value or field
       end
       lines[i] = table.concat(values, "\t")
     else
@@ -97,8 +98,8 @@ end
 --- Run a Lua snippet in a fresh process (`H.run_lua`) and check that it
 -- writes nothing to stderr, exits with status 0 and prints `expected`:
 -- the whole stdout as a string, or a list with one entry per line, each a
--- string (the whole line) or a list of `"name: value"` fields (the line's
--- tab-separated values, named for the message).  A mismatch names the
+-- string (the whole line) or a list of fields (the line's tab-separated
+-- values, each `"name: value"`, named for the message, or a bare value).  A mismatch names the
 -- first line (and field) that differs, with both lines and the child's
 -- stderr.  With `expected` nil, stdout is not checked.
 -- @return the child's stdout
