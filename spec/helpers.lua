@@ -99,12 +99,23 @@ end
 -- writes nothing to stderr, exits with status 0 and prints `expected`:
 -- the whole stdout as a string, or a list with one entry per line, each a
 -- string (the whole line) or a list of fields (the line's tab-separated
--- values, each `"name: value"`, named for the message, or a bare value).  A mismatch names the
--- first line (and field) that differs, with both lines and the child's
--- stderr.  With `expected` nil, stdout is not checked.
+-- values, each `"name: value"`, named for the message, or a bare value).
+-- A mismatch names the first line (and field) that differs, with both
+-- lines and the child's stderr; `what` (optional) prefixes the message.
+-- With `expected` nil, stdout is not checked.
 -- @return the child's stdout
 function H.lua_ok(code, expected, what)
   local status, out, err = H.run_lua(code)
+  local stdout = H.child_ok(expected, status, out, err, what, 3) -- (no tail call: the level counts this frame)
+  return stdout
+end
+
+--- The check of `H.lua_ok` on a child run some other way:
+-- `H.child_ok(expected, run(...))` with `run` returning the exit status,
+-- stdout and stderr.
+-- @return the child's stdout
+function H.child_ok(expected, status, out, err, what, level)
+  if type(what) ~= "string" then what = nil end
   local want, names
   if expected ~= nil then want, names = expected_text(expected) end
   local problem
@@ -116,7 +127,7 @@ function H.lua_ok(code, expected, what)
   if problem then
     local full = ("%s\n--- child's stdout:\n%s"):format(problem, out)
     if what then full = what .. ": " .. full end
-    require("busted").fail(full, 2)
+    require("busted").fail(full, level or 2)
   end
   return out
 end
