@@ -2,8 +2,7 @@ local H = require("helpers")
 
 describe("the demo server", function()
   it("answers concurrent requests and every log line carries its own request id", function()
-    local code, out, err = H.run_lua('arg = {[0] = "examples/demo.lua", "6"}; dofile("examples/demo.lua")')
-    assert.equal(0, code, err)
+    local out = H.lua_ok('arg = {[0] = "examples/demo.lua", "6"}; dofile("examples/demo.lua")')
     assert.matches("6 requests, 35 log lines: every line carries its own request's id", out, 1, true)
     for i = 1, 6 do
       local id = ("req-%02d"):format(i)
@@ -17,8 +16,7 @@ end)
 
 describe("the async-resource pattern example", function()
   it("carries the id both ways into coroutines and plain callbacks", function()
-    local code, out, err = H.run_lua('dofile("examples/resource_pattern.lua")')
-    assert.equal(0, code, err)
+    local out = H.lua_ok('dofile("examples/resource_pattern.lua")')
     for i = 1, 3 do
       for _, way in ipairs { "AsyncLocal  ", "resource fld" } do
         for _, where in ipairs { "after sleep", "in a timer callback" } do
@@ -33,8 +31,10 @@ end)
 
 describe("the README's quick start", function()
   it("prints each request's own id from a logger that receives none", function()
-    local code, out, err = H.run_lua('dofile("examples/quickstart.lua")')
-    assert.equal(0, code, err)
-    assert.equal("[req-3] timer fired\n[req-2] timer fired\n[req-1] timer fired\n", out)
+    H.lua_ok('dofile("examples/quickstart.lua")', {
+      "[req-3] timer fired",
+      "[req-2] timer fired",
+      "[req-1] timer fired",
+    })
   end)
 end)

@@ -370,7 +370,7 @@ describe("luv resources made lazily", function()
   -- The table made when executionAsyncResource() is first called inside the
   -- callback must still be complete.
   local function run(body)
-    local code, out, err = H.run_lua([[
+    local out = H.lua_ok([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
       local v = ah.AsyncLocal.new()
@@ -384,8 +384,6 @@ describe("luv resources made lazily", function()
         print(v:get(), table.concat(ks, " "))
       end
     ]] .. body)
-    assert.equal("", err)
-    assert.equal(0, code)
     return out
   end
 
@@ -556,15 +554,13 @@ describe("init hooks that cannot see the resource", function()
     ]]
     -- idle: a record; fs: a quick record; first: no init hook before
     for _, kind in ipairs { "idle", "fs", "first" } do
-      local code, out, err = H.run_lua(("local KIND = %q\n"):format(kind) .. body)
-      assert.equal("", err)
-      assert.equal(0, code)
-      assert.equal("true\t0\t0\n", out, kind)
+      H.lua_ok(("local KIND = %q\n"):format(kind) .. body,
+        { { "more than 10 inits seen: true", "inits with a nil resource: 0", "callbacks not on init's resource: 0" } }, kind)
     end
   end)
 
   it("a re-arm inside a scope, the callback's resource made after its entry (by a nested run)", function()
-    local code, out, err = H.run_lua([[
+    H.lua_ok([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
       ah.createHook { init = function(id, ty) end }:enable() -- cannot see its resource
@@ -586,10 +582,7 @@ describe("init hooks that cannot see the resource", function()
         print(idA == idA2, ah.executionAsyncResource() == E)
       end)
       uv.run()
-    ]])
-    assert.equal("", err)
-    assert.equal(0, code)
-    assert.equal("true\ttrue\n", out)
+    ]], { { "the nested run's call has the same asyncId: true", "the resource made then is kept: true" } })
   end)
 
   it("hooks that can see it get the table; the others the same call (4 arguments)", function()
@@ -612,7 +605,7 @@ describe("init hooks that cannot see the resource", function()
     function()
       -- in a fresh process: executionAsyncResource() never called before
       -- the registrations (it turns every later resource eager)
-      local code, out, err = H.run_lua([[
+      local out = H.lua_ok([[
         local uv = require("luv")
         local ah = require("async_hooks").install()
         local core = require("async_hooks.core")
@@ -647,8 +640,6 @@ describe("init hooks that cannot see the resource", function()
           print(types[id], #list, same, r.op or "-", r.handle == t, r.path == path, r.thread == co)
         end
       ]])
-      assert.equal("", err)
-      assert.equal(0, code)
       -- before, inside, after (per slice: the coroutine has two)
       assert.equal(table.concat({
         "coroutine\t6\ttrue\t-\tfalse\tfalse\ttrue",

@@ -94,10 +94,7 @@ describe("an unreachable coroutine is collected by one full collection", functio
   for _, mode in ipairs { "generational", "incremental" } do
     for _, hook in ipairs { "none", "init3", "init4", "res", "destroy", "all" } do
       it(("%s collector, hooks: %s (every value, every state)"):format(mode, hook), function()
-        local code, out, err = H.run_lua(("local MODE, HOOK = %q, %q\n"):format(mode, hook) .. PROGRAM)
-        assert.equal("", err)
-        assert.equal(0, code)
-        assert.equal("ok\n", out)
+        H.lua_ok(("local MODE, HOOK = %q, %q\n"):format(mode, hook) .. PROGRAM, "ok\n")
       end)
     end
   end
@@ -139,9 +136,7 @@ describe("memory stays bounded under the automatic collector", function()
   for _, mode in ipairs { "generational", "incremental" } do
     for _, prog in ipairs { "abandon", "generator" } do
       it(("%s collector: %s, with a 4-parameter init and hooks asking for resources"):format(mode, prog), function()
-        local code, out, err = H.run_lua(("local MODE, PROG = %q, %q\n"):format(mode, prog) .. BOUNDED)
-        assert.equal("", err)
-        assert.equal(0, code)
+        local out = H.lua_ok(("local MODE, PROG = %q, %q\n"):format(mode, prog) .. BOUNDED)
         -- plain Lua peaks well under 1 MB above its start on these; the
         -- leak this guards against grew by about 1.3 kB per coroutine
         local growth = tonumber(out)

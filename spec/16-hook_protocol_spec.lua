@@ -40,27 +40,24 @@ ah.createHook {
 local function problems() return #broken == 0 and "ok" or table.concat(broken, "; ") end
 ]==]
 
-local function run(body)
-  local code, out, err = H.run_lua(CHECKER .. body)
-  assert.equal("", err)
-  assert.equal(0, code)
+local function run(body, expected)
+  local out = H.lua_ok(CHECKER .. body, expected)
   return out
 end
 
 describe("threads the library did not create", function()
   it("resumed by the library: adopted, with an init first (trigger: the resumer's id)", function()
-    local out = run([==[
+    run([==[
 local c = raw_create(function() coroutine.yield(ah.executionAsyncId()); return 1 end)
 local _, id = coroutine.resume(c)
 coroutine.resume(c)
 ah.flush()
 print(problems(), events[1] == "init " .. id, events[#events] == "destroy " .. id)
-]==])
-    assert.equal("ok\ttrue\ttrue\n", out)
+]==], { { "protocol: ok", "init first: true", "destroy last: true" } })
   end)
 
   it("touching the library while resumed behind its back: no event at all, also when collected", function()
-    local out = run([==[
+    run([==[
 local v = ah.AsyncLocal.new()
 local ids = {}
 for i = 1, 3 do
@@ -73,8 +70,7 @@ for _, e in ipairs(events) do
   for _, id in ipairs(ids) do if e:match(" " .. id .. "$") then seen = true end end
 end
 print(problems(), seen)
-]==])
-    assert.equal("ok\tfalse\n", out)
+]==], { { "protocol: ok", "any event for them: false" } })
   end)
 
   it("touched first, resumed by the library later: its init comes before its first slice", function()
@@ -98,14 +94,13 @@ print(problems(), table.concat(events, ","))
   end)
 
   it("closed by the library without a resume: init, then destroy", function()
-    local out = run([==[
+    run([==[
 local c = raw_create(function() coroutine.yield() end)
 raw_resume(c)
 coroutine.close(c)
 ah.flush()
 print(problems(), #events)
-]==])
-    assert.equal("ok\t2\n", out)
+]==], { { "protocol: ok", "events: 2" } })
   end)
 end)
 
@@ -115,7 +110,7 @@ describe("a coroutine resurrected by a finalizer", function()
   -- the resumer's context)
   for _, value in ipairs { "'plain'", "{ 'table' }" } do
     it("gets no event under its old id after its destroy (value " .. value .. ")", function()
-      local out = run(([==[
+      run(([==[
 local v = ah.AsyncLocal.new()
 local kept, old
 do
@@ -132,8 +127,8 @@ collectgarbage(); collectgarbage(); ah.flush()
 local ok, id, got = coroutine.resume(kept)
 ah.flush()
 print(problems(), ok, id ~= old, got == nil, state[old], state[id])
-]==]):format(value))
-      assert.equal("ok\ttrue\ttrue\ttrue\tdestroyed\tdestroyed\n", out)
+]==]):format(value), { { "protocol: ok", "resumed: true", "a new asyncId: true",
+        "its value gone: true", "the old id: destroyed", "the new id: destroyed" } })
     end)
   end
 end)

@@ -69,10 +69,7 @@ end
 
 -- the script ran to its end: its output, status 0, nothing on stderr
 local function completes(code, out)
-  local status, stdout, stderr = run(code)
-  assert.equal("", stderr)
-  assert.equal(0, status)
-  assert.equal(out, stdout)
+  H.lua_ok(PRELUDE .. code, out)
 end
 
 -- the first value of pcall(f, ...) and the error, as one line
@@ -237,7 +234,7 @@ describe("an error raised by a debug hook inside a hook's dispatch", function()
   it("is raised by the resume and the close that adopt a thread the library did not create (init)", function()
     -- (coroutine.create saved before install(): a thread made behind the
     -- library's back)
-    local status, stdout, stderr = H.run_lua("local raw_create = coroutine.create\n" .. PRELUDE .. PCALL .. [[
+    H.lua_ok("local raw_create = coroutine.create\n" .. PRELUDE .. PCALL .. [[
       local got = {}
       local c = raw_create(function(...) got[#got + 1] = table.concat({ ... }, " "); coroutine.yield() end)
       trap(hooks.init, "trapped")
@@ -251,11 +248,14 @@ describe("an error raised by a debug hook inside a hook's dispatch", function()
       print(coroutine.status(d))
       assert(coroutine.resume(c))
       check()
-    ]])
-    assert.equal("", stderr)
-    assert.equal(0, status)
-    assert.equal("false\ttrapped\n0\tsuspended\t0\na b\tsuspended\ttrue\nfalse\ttrapped\ndead\nconsistent\n",
-      stdout)
+    ]], {
+      { "resume's pcall: false", "error: trapped" },
+      { "the body's runs: 0", "status: suspended", "events logged: 0" },
+      { "arguments: a b", "status: suspended", "a before logged first: true" },
+      { "close's pcall: false", "error: trapped" },
+      { "status: dead" },
+      "consistent",
+    })
   end)
 
   it("reaches the other hooks of the list: the event is delivered, its after follows", function()
@@ -336,7 +336,7 @@ describe("an error raised by a debug hook inside a luv callback's hooks", functi
 
   it("leaves the loop and the context consistent when luv is told not to exit", function()
     if not has_luv then return end
-    local status, out, err = luv_run([[
+    H.lua_ok('local uv = require("luv")\n' .. PRELUDE .. [[
       core.luv_flags(1 + 4) -- luv: no exit, no message
       local t, t2 = uv.new_timer(), uv.new_timer()
       local ran = {}
@@ -364,10 +364,7 @@ describe("an error raised by a debug hook inside a luv callback's hooks", functi
       t2:close()
       uv.run()
       check()
-    ]])
-    assert.equal("", err)
-    assert.equal(0, status)
-    assert.equal("after cb, destroy cb\nslow after co\n3\nconsistent\n", out)
+    ]], { "after cb, destroy cb", "slow after co", "3", "consistent" })
   end)
 
   it("is the callback's error when luv calls a record itself (after uninstall)", function()
@@ -410,14 +407,11 @@ local function same_as_plain(program, kinds_code)
   for _, kinds in ipairs { "init", "before", "after", "destroy", "init before after destroy" } do
     local hooks = {}
     for k in kinds:gmatch("%a+") do hooks[#hooks + 1] = k .. " = " .. kinds_code end
-    local status, out, err = H.run_lua(([[
+    H.lua_ok(([[
       local ah = require("async_hooks").install()
       ah.AsyncLocal.new():set("a value")
       ah.createHook { %s }:enable()
-    ]]):format(table.concat(hooks, ", ")) .. program)
-    assert.equal("", err, kinds)
-    assert.equal(0, status, kinds)
-    assert.equal(plain_out, out, kinds)
+    ]]):format(table.concat(hooks, ", ")) .. program, plain_out, kinds)
   end
 end
 
@@ -430,7 +424,7 @@ describe("a stack overflow inside a hook's dispatch #slow", function()
   end)
 
   it("C: resume returns it when the C stack is full at the coroutine's before", function()
-    local status, out, err = run([[
+    H.lua_ok(PRELUDE .. [[
       hook:disable()
       ah.createHook { before = function() end }:enable()
       local depth, got = 0, nil
@@ -443,10 +437,7 @@ describe("a stack overflow inside a hook's dispatch #slow", function()
       end
       f()
       print(got[2], got[3])
-    ]])
-    assert.equal("", err)
-    assert.equal(0, status)
-    assert.equal("C stack overflow\tsuspended\n", out)
+    ]], { { "error: C stack overflow", "status: suspended" } })
   end)
 
   it("Lua: a recursion that makes coroutines overflows the same way when it lands in a hook", function()

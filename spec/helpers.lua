@@ -32,6 +32,106 @@ function H.run_lua(code)
   return code_, slurp(out), slurp(err), ok
 end
 
+-- the lines of s (a last line without its newline included)
+local function lines_of(s)
+  local t = {}
+  for line in s:gmatch("([^\n]*)\n") do t[#t + 1] = line end
+  local rest = s:match("[^\n]*$")
+  if rest ~= "" then t[#t + 1] = rest end
+  return t
+end
+
+local function fields_of(line)
+  local t = {}
+  for f in (line .. "\t"):gmatch("([^\t]*)\t") do t[#t + 1] = f end
+  return t
+end
+
+-- expected: a string, or a list of lines, each a string or a list of
+-- fields, "name: value" or a bare value; returns the text and, per line,
+-- the field names
+local function expected_text(expected)
+  if type(expected) == "string" then return expected, {} end
+  local lines, names = {}, {}
+  for i, line in ipairs(expected) do
+    if type(line) == "table" then
+      local values = {}
+      names[i] = {}
+      for j, field in ipairs(line) do
+        field = tostring(field)
+        local name, value = field:match("^(.-): (.*)$")
+        names[i][j], values[j] = name, value or field
+      end
+      lines[i] = table.concat(values, "\t")
+    else
+      lines[i] = line
+    end
+  end
+  return table.concat(lines, "\n") .. "\n", names
+end
+
+-- where stdout `out` first differs from `want`
+local function first_difference(out, want, names)
+  local got, exp = lines_of(out), lines_of(want)
+  for i = 1, math.max(#got, #exp) do
+    local g, e = got[i], exp[i]
+    if g ~= e then
+      local msg = ("stdout line %d differs"):format(i)
+      if g and e then
+        local gf, ef = fields_of(g), fields_of(e)
+        for j = 1, math.max(#gf, #ef) do
+          if gf[j] ~= ef[j] then
+            local name = names[i] and names[i][j]
+            msg = msg .. (", field %d%s: expected %s, got %s"):format(j, name and (" (" .. name .. ")") or "",
+              ef[j] and ('"' .. ef[j] .. '"') or "no field", gf[j] and ('"' .. gf[j] .. '"') or "no field")
+            break
+          end
+        end
+      end
+      return ("%s\n  expected line: %s\n  actual line:   %s"):format(msg,
+        e and ('"' .. e .. '"') or "(none)", g and ('"' .. g .. '"') or "(none)")
+    end
+  end
+  return "stdout differs in its last newline"
+end
+
+--- Run a Lua snippet in a fresh process (`H.run_lua`) and check that it
+-- writes nothing to stderr, exits with status 0 and prints `expected`:
+-- the whole stdout as a string, or a list with one entry per line, each a
+-- string (the whole line) or a list of fields (the line's tab-separated
+-- values, each `"name: value"`, named for the message, or a bare value).
+-- A mismatch names the first line (and field) that differs, with both
+-- lines and the child's stderr; `what` (optional) prefixes the message.
+-- With `expected` nil, stdout is not checked.
+-- @return the child's stdout
+function H.lua_ok(code, expected, what)
+  local status, out, err = H.run_lua(code)
+  local stdout = H.child_ok(expected, status, out, err, what, 3) -- (no tail call: the level counts this frame)
+  return stdout
+end
+
+--- The check of `H.lua_ok` on a child run some other way:
+-- `H.child_ok(expected, run(...))` with `run` returning the exit status,
+-- stdout and stderr.
+-- @return the child's stdout
+function H.child_ok(expected, status, out, err, what, level)
+  if type(what) ~= "string" then what = nil end
+  local want, names
+  if expected ~= nil then want, names = expected_text(expected) end
+  local problem
+  if err ~= "" or status ~= 0 then
+    problem = ("the child exited with status %s and wrote to stderr:\n%s"):format(tostring(status), err)
+  elseif want and out ~= want then
+    problem = first_difference(out, want, names) .. "\n  child's stderr: (empty)"
+  end
+  if problem then
+    local full = ("%s\n--- child's stdout:\n%s"):format(problem, out)
+    if what then full = what .. ": " .. full end
+    require("busted").fail(full, level or 2)
+  end
+  return out
+end
+
 --- A hook that records events as strings in `log`.
 function H.recorder(ah, filter)
   local log = {}
