@@ -536,36 +536,12 @@ static const char *const kind_names[] = {
 };
 typedef char ah_kind_names_match[W_WORK == 4 && W_HANDLE == 0 ? 1 : -1];
 
-/* the positional form luv_wrap(orig, op, pos, alt, kind number, type,
-** slot, fn, fields), made a spec table at 2 (kept for spec/12 until it
-** calls the table form; nothing else uses it) */
-static void positional_spec(lua_State *L) {
-  static const char *const keys[] = {"op", "pos", "alt", "kind", "type",
-                                     "slot", "fn", "fields"};
-  int i;
-  lua_settop(L, 9);
-  lua_createtable(L, 0, 8);
-  for (i = 0; i < 8; i++) {
-    lua_Integer k;
-    int isnum;
-    lua_pushvalue(L, 2 + i);
-    k = lua_tointegerx(L, -1, &isnum);
-    if (i == 3 && isnum && k >= 0 && k <= W_WORK) {
-      lua_pop(L, 1);
-      lua_pushstring(L, kind_names[k]);
-    }
-    lua_setfield(L, -2, keys[i]);
-  }
-  lua_replace(L, 2);
-}
-
 static int l_luv_wrap(lua_State *L) {
   lua_CFunction f = lua_tocfunction(L, 1);
   ah_spec *sp;
   int i, kind;
   luaL_argexpected(L, f != NULL && lua_getupvalue(L, 1, 1) == NULL, 1,
                    "C function without upvalues");
-  if (lua_gettop(L) > 2) positional_spec(L);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   /* the spec's fields, 3 .. 6: op, kind, type, fields */
