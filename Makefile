@@ -54,7 +54,7 @@ asanbuild: deps
 	  CFLAGS="$(SAN_FLAGS) -fPIC" LIBFLAG="-shared $(SAN_FLAGS)" >/dev/null
 
 asan: asanbuild
-	$(call PATHS,$(ASANTREE)) && $(ASAN_ENV) AH_ASAN=1 $(BUSTED) $(BUSTED_ARGS)
+	$(call PATHS,$(ASANTREE)) && $(ASAN_ENV) AH_ASAN=1 AH_SAN_FLAGS="$(SAN_FLAGS)" $(BUSTED) $(BUSTED_ARGS)
 
 # the suite again with the collector running at every moment
 gcstress: build

@@ -375,8 +375,7 @@ describe("AsyncLocal", function()
   end)
 end)
 
--- review finding (helper-26, this session): run's own frame stays on a
--- suspended coroutine's stack
+-- run's own frame stays on a suspended coroutine's stack
 describe("disable() with a coroutine suspended inside run", function()
   it("leaves the run's value collectable (AsyncLocal and AsyncLocalStorage)", function()
     local v = ah.AsyncLocal.new()

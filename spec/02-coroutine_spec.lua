@@ -614,8 +614,8 @@ describe("a before hook that closes the coroutine being resumed", function()
   end)
 end)
 
--- review findings (helper-26, this session)
-describe("coroutine review findings", function()
+-- edge cases of the replaced coroutine functions
+describe("coroutine functions at their edges", function()
   it("wrap ignores arguments after the function, as Lua's own wrap does", function()
     -- it crashed the process: the closure took the extra argument for the thread
     for _, extra in ipairs { { "extra" }, { {} }, { nil, 1 }, { 1, 2, 3 } } do
@@ -734,9 +734,8 @@ describe("coroutine review findings", function()
 end)
 
 describe("the patched coroutine functions' errors", function()
-  -- review finding (helper-28): after install(), resume/close said
-  -- "coroutine expected" (Lua 5.4 says "thread") and wrap() "got nil"
-  it("are the standard library's, word for word (rule 5)", function()
+  -- e.g. resume/close say "thread expected", never "coroutine expected"
+  it("are the standard library's, word for word", function()
     local code = [[
       local function run()
         local out = {}

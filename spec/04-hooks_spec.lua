@@ -459,11 +459,10 @@ describe("destroy delivery", function()
     end)
   end)
 
-  -- review finding: emitDestroy inside runInAsyncScope, the scope
-  -- spanning a yield: the destroy came before the scope's later before/after.
-  -- The scope now stays out once its resource's destroy was asked for (a
-  -- second review found that holding the destroy until the scope closed lost
-  -- it when the coroutine failed or was abandoned inside the scope)
+  -- emitDestroy inside runInAsyncScope, the scope spanning a yield: the
+  -- scope stays out once its resource's destroy was asked for (no later
+  -- before/after); the destroy is queued at once, so it is not lost when
+  -- the coroutine fails or is abandoned inside the scope
   describe("of emitDestroy inside the resource's own scope", function()
     local function events()
       local log = {}

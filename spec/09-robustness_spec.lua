@@ -65,7 +65,7 @@ describe("bad input", function()
   end)
 
   -- each case is a one-line function whose bad call is a statement: the
-  -- error must be positioned at that very line of this file (issue 10 #9)
+  -- error must be positioned at that very line of this file
   it("every error carries the position of the user's call, at every entry point", function()
     local v, als = ah.AsyncLocal.new(), ah.AsyncLocalStorage.new()
     local r, s, h = ah.AsyncResource.new("X"), ah.Snapshot.new(), ah.createHook {}
@@ -210,7 +210,7 @@ describe("the api layer under LuaJIT", function()
       local nop = function() end
       local B = { name = "stub", persist = {}, install_options = { luv = true }, coroutine = coroutine }
       for _, k in ipairs { "current_frame", "empty_frame", "executionAsyncId", "triggerAsyncId",
-        "executionAsyncResource", "emit_init", "emit_destroy", "flush", "gc_token", "gc_token_cancel", "hook_enable", "hook_disable",
+        "executionAsyncResource", "emit_init", "emit_destroy", "flush", "gc_token", "hook_enable", "hook_disable",
         "uninstall", "install" } do B[k] = nop end
       B.newtoken = function() return {} end
       B.getter = function() return function(self) return self.default end end
@@ -400,7 +400,7 @@ if ah then io.stderr:write("attached: ", tostring(require("async_hooks.core").lu
     end)
   end)
 
-  -- hosts that bundle luv register it in package.preload (issue 10 #5)
+  -- hosts that bundle luv register it in package.preload
   local HOST = [[
     local ah = require("async_hooks")
     local open_luv = assert(package.searchers[3]("luv"))

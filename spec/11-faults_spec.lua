@@ -21,7 +21,9 @@ local function build(name)
   local exe = os.tmpname()
   -- Lua's headers and library: pkg-config, else LuaRocks' configuration
   local cflags, libs = capture("./.ci/lua-flags --cflags"), capture("./.ci/lua-flags --libs")
-  local san = os.getenv("AH_ASAN") and "-fsanitize=address,undefined -fno-sanitize-recover=undefined" or ""
+  -- the sanitizer flags of `make asan` (AH_SAN_FLAGS), so that the harness
+  -- is built as the module is
+  local san = os.getenv("AH_ASAN") and (os.getenv("AH_SAN_FLAGS") or "") or ""
   local cmd = ("env -u LD_PRELOAD gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O1 -g %s %s tests/%s.c -o %s %s -lm 2>&1")
     :format(san, cflags, name, exe, libs)
   local p = io.popen(cmd)

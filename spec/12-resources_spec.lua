@@ -1,4 +1,4 @@
--- The resource tables of luv registrations (SPEC §3 rule 2): `op` (the luv
+-- The resource tables of luv registrations: `op` (the luv
 -- function's name), `handle` where there is one, `path` (and `new_path`) for
 -- fs calls that take paths, `host`/`port` for tcp_connect and udp_send,
 -- `host`/`service` for getaddrinfo.  Every test does real I/O and checks

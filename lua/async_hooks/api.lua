@@ -75,10 +75,9 @@ local CONTRACT = {
   -- flush(): deliver queued destroys now, unless a hook, finalizer,
   -- callback, resume or scope is running
   { "flush", "function" },
-  -- gc_token(id), gc_token_cancel(tok): destroy(id) when the token is
-  -- collected / never
+  -- gc_token(id): destroy(id) when the token is collected (emit_destroy
+  -- cancels it)
   { "gc_token", "function" },
-  { "gc_token_cancel", "function" },
   -- hook_count(kind): enabled hook functions of kind "init", "before",
   -- "after" or "destroy"
   { "hook_count", "function" },
@@ -145,7 +144,7 @@ return function(B)
   local newtoken, current_frame, empty_frame = B.newtoken, B.current_frame, B.empty_frame
   local run_with, run_in_frame, run_in_scope = B.run_with, B.run_in_frame, B.run_in_scope
   local new_ids, emit_init, emit_destroy = B.new_ids, B.emit_init, B.emit_destroy
-  local gc_token, gc_token_cancel, hook_count = B.gc_token, B.gc_token_cancel, B.hook_count
+  local gc_token, hook_count = B.gc_token, B.hook_count
 
   ---@class async_hooks
   local M = { _VERSION = VERSION }
@@ -645,13 +644,11 @@ return function(B)
   function AsyncResource:emitDestroy()
     if getmetatable(self) ~= AsyncResource then raise(badself("emitDestroy", "AsyncResource", self)) end
     if not self._destroyed then
-      -- (the backend marks the resource destroyed: on Lua 5.4 a scope of
-      -- it open in a suspended coroutine stays out, with no more
-      -- before/after)
+      -- once only; the backend cancels the GC token and marks the
+      -- resource destroyed (a scope of it open in a suspended coroutine
+      -- stays out, with no more before/after)
       self._destroyed = true
-      if emit_destroy(self._id, self, self._gctok) ~= false and self._gctok then
-        gc_token_cancel(self._gctok)
-      end
+      emit_destroy(self._id, self, self._gctok)
     end
     return self
   end
