@@ -80,7 +80,8 @@ M.INFO = {
 }
 
 --- Operations per measured run of each case (times BENCH_SCALE).
-local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000, set_fresh = 10000, set_get = 10000,
+local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
+  set_fresh = 10000, set_get = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
   request = 2000, request_floor = 2000, request_floor_light = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000,
   timer_chain_floor = 10000, switch_floor = 50000, get_floor = 100000 }
