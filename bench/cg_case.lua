@@ -162,6 +162,23 @@ function cases.lifecycle()
   return "coroutines=" .. n
 end
 
+--- One set() in a fresh coroutine (its first frame), and the coroutine run
+-- to completion; set_get reads it back before it ends.  Compared with
+-- lifecycle under the same variant: the difference is what set() (and get())
+-- cost a coroutine, its frame's anchoring, release and collection included.
+local function set_in_fresh(read)
+  local create, resume, lv = co.create, co.resume, v
+  local f = read and function(i) lv:set(i); return lv:get() end
+    or function(i) lv:set(i) end
+  for i = 1, n do resume(create(f), i) end
+  local ok, got = resume(create(function() lv:set(3); return lv:get() end))
+  assert(ok and got == 3, "the coroutine read back its value")
+  assert(v:get() == expected, "set in a coroutine stays in it")
+  return "coroutines=" .. n
+end
+function cases.set_fresh() return set_in_fresh(false) end
+function cases.set_get() return set_in_fresh(true) end
+
 --- v:get() with a value set in the current frame ...
 function cases.get()
   v:set(1)

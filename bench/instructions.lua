@@ -55,6 +55,10 @@ M.INFO = {
   { "create + run to completion, 4 empty hooks", "lifecycle", "hooks", "lifecycle", "raw" },
   { "create + run to completion, value set, incremental GC", "lifecycle@inc", "value", "lifecycle@inc", "raw" },
   { "0 ms timer chain, value set, incremental GC", "timer_chain@inc", "value", "timer_chain@inc", "raw" },
+  { "one `v:set(i)` in a fresh coroutine, run to completion, vs the coroutine alone",
+    "set_fresh", "installed", "lifecycle", "installed" },
+  { "`v:set(i)` + `v:get()` in a fresh coroutine, run to completion, vs the coroutine alone",
+    "set_get", "installed", "lifecycle", "installed" },
   { "`v:get()` vs `obj:m()` with `m` an own field of `obj`", "get", "installed", "method_own", "installed" },
   { "`v:get()` vs `obj:m()` with `m` a bare C function (rawlen): the floor of a C `get`",
     "get", "installed", "cfloor", "installed" },
@@ -77,6 +81,7 @@ M.INFO = {
 
 --- Operations per measured run of each case (times BENCH_SCALE).
 local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
+  set_fresh = 10000, set_get = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
   request = 2000, request_floor = 2000, request_floor_light = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000,
   timer_chain_floor = 10000, switch_floor = 50000, get_floor = 100000 }

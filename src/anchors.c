@@ -218,11 +218,25 @@ void ah_set_frame(lua_State *L, int s, int idx) {
   set_frame_of(L, ah_st(L), s, 0, idx);
 }
 
-/* the same for a frame at idx (absolute) that is not the empty one, for
-** callers that hold st already (set, run): anchor it (first: can fail),
-** then F[s] */
-void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx) {
-  anchor_frame(L, st, s, 0, idx);
+/* the same for a frame at idx (absolute) that frames.c just made (so not
+** the empty one) and knows to be plain or not (set, run): anchor it
+** (first: can fail), then F[s].  May leave a value above idx. */
+void ah_set_new_frame(lua_State *L, ah_state *st, int s, int idx,
+                      int plain) {
+  ah_slot *sl = &st->slots[s];
+  if (plain && !(sl->anchored & AKEY_FRAME) && sl->kind != AH_KMAIN) {
+    /* AUX_PEND[s] (see ah_pend_set), inline: the usual first set() of a
+    ** coroutine */
+    if (ah_unlikely(lua_rawgeti(L, AH_UV_AUX, AUX_PEND) != LUA_TTABLE)) {
+      lua_pop(L, 1);
+      ah_auxt(L, AUX_PEND); /* raises */
+    }
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, s);
+    sl->anchored |= A_FRAME | A_PEND;
+  } else {
+    anchor_frame(L, st, s, 0, idx);
+  }
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++; /* every write of F[s] is counted (luv/'s rearm, dispatch) */

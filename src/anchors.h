@@ -27,7 +27,8 @@ void ah_reserve_res(lua_State *L, int s);
 void ah_get_guard(lua_State *L, int thread_idx);
 void ah_set_guard(lua_State *L, int idx);
 void ah_set_frame(lua_State *L, int s, int idx);
-void ah_set_frame_full(lua_State *L, ah_state *st, int s, int idx);
+void ah_set_new_frame(lua_State *L, ah_state *st, int s, int idx,
+                      int plain);
 void ah_set_resource(lua_State *L, int s, int idx);
 /* the anchor tables (AUX_PEND, AUX_TR, AUX_TG, AUX_TGC), the top-level
 ** resource, the "thread" key */

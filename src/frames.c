@@ -88,18 +88,23 @@ static int l_get(lua_State *L) {
   return 1;
 }
 
-/* a value that refers to no object: nothing it holds can reach a thread */
-static int plain_value(lua_State *L, int idx) {
-  switch (lua_type(L, idx)) {
+/* a value of type t refers to no object: nothing it holds can reach a
+** thread */
+static int plain_type(int t) {
+  switch (t) {
     case LUA_TNIL: case LUA_TBOOLEAN: case LUA_TNUMBER: case LUA_TSTRING:
     case LUA_TLIGHTUSERDATA: return 1;
     default: return 0;
   }
 }
 
+/* what push_frame_with pushed above F[s] */
+enum { SAME_FRAME = 0, NEW_FRAME, NEW_PLAIN_FRAME };
+
 /* push F[s] and, above it, F[s] with tok -> val (absolute indices): a new
-** frame (returns 1), or F[s] again when it already maps tok to that very
-** value (returns 0).
+** frame (returns NEW_FRAME, or NEW_PLAIN_FRAME when it is plain: see
+** ah_frame_plain), or F[s] again when it already maps tok to that very
+** value (returns SAME_FRAME).
 ** The size of the frame made last is remembered (st->lastf, st->lastn), so
 ** the usual set() on the frame the previous set() made skips counting its
 ** entries.  That is exact: every frame is made here (the frame metatable is
@@ -112,7 +117,7 @@ static int plain_value(lua_State *L, int idx) {
 ** walks the entries that are there. */
 static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                            int val) {
-  int fr, nf, n = 0, had, plain;
+  int fr, nf, n = 0, had = 0, vt = lua_type(L, val), plain;
   const void *p;
   if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM (geti:
                                                  ** see l_get) */
@@ -121,25 +126,29 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
   }
   fr = lua_gettop(L);
   p = lua_topointer(L, fr);
-  had = 0;
+  /* plain: the value and the entries copied are (an entry replaced in a
+  ** frame that is not plain counts as not) */
+  plain = plain_type(vt);
   if (p != st->empty) { /* (the empty frame: nothing to look up or copy) */
     lua_pushvalue(L, tok);
     had = lua_rawget(L, fr) != LUA_TNIL;
-    if (had && (lua_isnil(L, val) ? lua_touserdata(L, -1) == NILV
-                                  : lua_rawequal(L, -1, val))) {
+    if (had && (vt == LUA_TNIL ? lua_touserdata(L, -1) == NILV
+                               : lua_rawequal(L, -1, val))) {
       lua_pushvalue(L, fr);
       lua_replace(L, -2);
-      return 0;
+      return SAME_FRAME;
     }
     lua_pop(L, 1);
     if (p == st->lastf) { /* the frame made last: its size is known */
       n = st->lastn;
+      plain = plain && st->lastplain;
     } else {
       lua_pushnil(L);
       while (lua_next(L, fr)) {
         n++;
         lua_pop(L, 1);
       }
+      plain = plain && ah_frame_plain(L, st, fr);
     }
   }
   lua_createtable(L, 0, n + !had);
@@ -153,31 +162,34 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
     }
   }
   lua_pushvalue(L, tok);
-  if (lua_isnil(L, val))
+  if (vt == LUA_TNIL)
     lua_pushlightuserdata(L, NILV);
   else
     lua_pushvalue(L, val);
   lua_rawset(L, nf);
-  /* plain (see ah_frame_plain): the value and the entries copied are
-  ** (an entry replaced in a frame that is not plain counts as not) */
-  plain = plain_value(L, val) && ah_frame_plain(L, st, fr);
-  ah_auxt(L, plain ? AUX_FRAME_PMT : AUX_FRAME_MT);
+  if (ah_unlikely(lua_rawgeti(L, AH_UV_AUX, plain ? AUX_FRAME_PMT
+                                                  : AUX_FRAME_MT) !=
+                  LUA_TTABLE)) {
+    lua_pop(L, 1);
+    ah_auxt(L, plain ? AUX_FRAME_PMT : AUX_FRAME_MT); /* raises */
+  }
   lua_setmetatable(L, nf);
   st->lastf = lua_topointer(L, nf); /* complete: remember it */
   st->lastn = n + !had;
   st->lastplain = plain;
-  return 1;
+  return plain ? NEW_PLAIN_FRAME : NEW_FRAME;
 }
 
 /* v:set(value) */
 static int l_set(lua_State *L) {
   ah_state *st = ah_st(L);
-  int s;
+  int s, made;
   if (lua_gettop(L) != 2) lua_settop(L, 2);
   push_token(L, 1); /* 3 */
   s = ah_slot_of(L, st);
-  if (push_frame_with(L, st, s, 3, 2)) /* 4: previous, 5: new */
-    ah_set_frame_full(L, st, s, 5);
+  made = push_frame_with(L, st, s, 3, 2); /* 4: previous, 5: new */
+  if (made != SAME_FRAME)
+    ah_set_new_frame(L, st, s, 5, made == NEW_PLAIN_FRAME);
   return 0;
 }
 
@@ -217,15 +229,16 @@ static int enter_error(lua_State *L, const char *fmt, int idx) {
 ** restores it.  Checks its arguments in the name of 'run'. */
 static int l_enter_frame(lua_State *L) {
   ah_state *st = ah_st(L);
-  int s;
+  int s, made;
   lua_settop(L, 3);
   if (!token_of(L, 1))
     return enter_error(L, "calling '%s' on bad self (AsyncLocal expected, got %s)", 1);
   if (!ah_callable(L, 3))
     return enter_error(L, "bad argument #2 to '%s' (function expected, got %s)", 3);
   s = ah_slot_of(L, st);
-  if (push_frame_with(L, st, s, 4, 2)) /* 5: previous, 6: new */
-    ah_set_frame_full(L, st, s, 6);
+  made = push_frame_with(L, st, s, 4, 2); /* 5: previous, 6: new */
+  if (made != SAME_FRAME)
+    ah_set_new_frame(L, st, s, 6, made == NEW_PLAIN_FRAME);
   lua_settop(L, 5);
   return 1;
 }

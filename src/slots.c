@@ -435,23 +435,27 @@ static void make_token(lua_State *L, ah_state *st, int s, int thread_idx) {
 ** ones collected before, and re-arm */
 static int pend_gc(lua_State *L) {
   ah_state *st = ah_st(L);
-  int i;
+  int i, left;
   st->armed = 0;
   if (st->closed || st->npend == 0) return 0;
   ah_arm_anchors(L, st); /* first: a failure below leaves work for it (a
                          ** failure here, for the next ah_rearm) */
+  /* TH at 1 (checked once: no Lua code runs in the loop, which only
+  ** visits the npend pending slots) */
   lua_settop(L, 0);
-  for (i = 1; i < st->cap && st->npend > 0; i++) {
+  lua_pushvalue(L, AH_UV_TH);
+  for (i = 1, left = st->npend; i < st->cap && left > 0; i++) {
     ah_slot *sl = &st->slots[i];
     if (!sl->L || !(sl->anchored & A_TOKPEND)) continue;
-    if (lua_rawgeti(L, AH_UV_TH, i) == LUA_TTHREAD) { /* 1: alive */
+    left--;
+    if (lua_rawgeti(L, 1, i) == LUA_TTHREAD) { /* 2: alive */
       /* young: most coroutines end before they need a token */
-      if (++sl->pend_age >= AH_PEND_AGE) make_token(L, st, i, 1);
+      if (++sl->pend_age >= AH_PEND_AGE) make_token(L, st, i, 2);
     } else { /* collected before its token was made */
       tok_settled(st, i);
       thread_gone(L, st, i);
     }
-    lua_settop(L, 0);
+    lua_settop(L, 1);
   }
   return 0;
 }
