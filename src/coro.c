@@ -172,6 +172,16 @@ static int suspended(lua_State *co) {
   return lua_getstack(co, 0, &ar) == 0 && lua_gettop(co) > 0;
 }
 
+/* A resume slice: the coroutine resumed and where its resumer holds it,
+** its slot, and what the resume decided before it ran */
+typedef struct slice {
+  lua_State *co;
+  int co_idx; /* 1 (resume) or AH_UV_CO (a wrap function's): absolute */
+  int cs;     /* its slot; -1: none (it finished and gave it back) */
+  int runs;   /* it can run: a real resume, counted as active */
+  int hooks;  /* its before was emitted (slice hooks enabled, it runs) */
+} slice;
+
 /* emit `kind` for the coroutine co (asyncId id, triggerAsyncId trigger),
 ** which has or had slot cs, as if it ran: the resumer's ids are the
 ** coroutine's meanwhile, and its resource is reported as the resumer's
@@ -200,11 +210,12 @@ static int emit_own(lua_State *L, ah_state *st, int kind, int cs,
   return err;
 }
 
-/* emit before/after for the coroutine in slot cs, in its context, and for
-** the scopes open inside it; 1 with the first error of their dispatches
-** pushed (every event is emitted all the same) */
+/* emit before/after for the coroutine of the slice, in its context, and
+** for the scopes open inside it; 1 with the first error of their
+** dispatches pushed (every event is emitted all the same) */
 static AH_ALWAYS_INLINE int emit_slice(lua_State *L, ah_state *st, int kind,
-                                       int cs, lua_State *co, int co_idx) {
+                                       const slice *sl) {
+  int cs = sl->cs;
   /* its ids first: a scope's after hook can close co, and a coroutine
   ** created then can take its slot */
   lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
@@ -213,11 +224,11 @@ static AH_ALWAYS_INLINE int emit_slice(lua_State *L, ah_state *st, int kind,
   int scopes = st->slots[cs].scopes &&
                (kind == AH_AFTER || st->nhooks[AH_BEFORE] || st->nhooks[AH_AFTER]);
   int err = 0;
-  if (scopes && kind == AH_AFTER) err = ah_scopes_slice(L, st, AH_AFTER, co_idx);
+  if (scopes && kind == AH_AFTER) err = ah_scopes_slice(L, st, AH_AFTER, sl->co_idx);
   if (st->nhooks[kind])
-    err = ah_keep_first(L, err, emit_own(L, st, kind, cs, co, id, trigger));
+    err = ah_keep_first(L, err, emit_own(L, st, kind, cs, sl->co, id, trigger));
   if (scopes && kind == AH_BEFORE)
-    err = ah_keep_first(L, err, ah_scopes_slice(L, st, AH_BEFORE, co_idx));
+    err = ah_keep_first(L, err, ah_scopes_slice(L, st, AH_BEFORE, sl->co_idx));
   return err;
 }
 
@@ -249,24 +260,24 @@ static int take_results(lua_State *L, lua_State *co, int status, int nres) {
   return -1;
 }
 
-/* the rest of a resume of the coroutine in slot cs (-1: none), which
-** returned status with nres results: results, after, destroy.  An error
-** of their dispatches is raised once all is done: it is the resumer's (its
-** hooks run there), as a stack overflow, memory error or debug hook's
-** error in the resumer's own code would be */
-static AH_NOINLINE int resumed(lua_State *L, ah_state *st, lua_State *co,
-                               int co_idx, int cs, int runs, int hooks,
+/* the rest of the slice's resume, which returned status with nres
+** results: results, after, destroy.  An error of their dispatches is
+** raised once all is done: it is the resumer's (its hooks run there), as
+** a stack overflow, memory error or debug hook's error in the resumer's
+** own code would be */
+static AH_NOINLINE int resumed(lua_State *L, ah_state *st, const slice *sl,
                                int status, int nres) {
+  lua_State *co = sl->co;
+  int cs = sl->cs, err = 0;
   lua_Integer id;
-  int err = 0;
   nres = take_results(L, co, status, nres);
   if (cs < 0) goto done;
   id = st->slots[cs].base_id;
   /* a hook enabled inside the slice gets its after (without a before);
   ** open scopes are marked out even without hooks (see emit_slice) */
-  if (hooks || (runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE] ||
-                         st->slots[cs].scopes))) {
-    err = emit_slice(L, st, AH_AFTER, cs, co, co_idx);
+  if (sl->hooks || (sl->runs && (st->nhooks[AH_AFTER] || st->nhooks[AH_BEFORE] ||
+                                 st->slots[cs].scopes))) {
+    err = emit_slice(L, st, AH_AFTER, sl);
     /* the after hook closed co (ended and released: the slot may be
     ** another thread's now) */
     if (st->slots[cs].L != co || st->slots[cs].base_id != id) goto done;
@@ -285,7 +296,7 @@ done:
   if (ah_unlikely(err)) {
     /* a wrapped coroutine that raised is closed (its to-be-closed
     ** variables), as lcorolib's wrap does, before the error is raised */
-    if (co_idx == AH_UV_CO && status != LUA_OK && status != LUA_YIELD &&
+    if (sl->co_idx == AH_UV_CO && status != LUA_OK && status != LUA_YIELD &&
         lua_status(co) != LUA_OK && lua_status(co) != LUA_YIELD)
       ah_closethread(co, L);
     ah_raise(L);
@@ -299,14 +310,13 @@ done:
 ** overflow is returned (resume returns false and it, as Lua's resume does
 ** at that depth); anything else is raised, as in resumed().  closed: the
 ** before hook closed co (asyncId id, triggerAsyncId trigger). */
-static AH_COLD int not_resumed(lua_State *L, ah_state *st, lua_State *co,
-                               int co_idx, int cs, int closed, lua_Integer id,
-                               lua_Integer trigger) {
+static AH_COLD int not_resumed(lua_State *L, ah_state *st, const slice *sl,
+                               int closed, lua_Integer id, lua_Integer trigger) {
   if (closed) {
     if (st->nhooks[AH_AFTER])
-      ah_keep_first(L, 1, emit_own(L, st, AH_AFTER, cs, co, id, trigger));
+      ah_keep_first(L, 1, emit_own(L, st, AH_AFTER, sl->cs, sl->co, id, trigger));
   } else {
-    ah_keep_first(L, 1, emit_slice(L, st, AH_AFTER, cs, co, co_idx));
+    ah_keep_first(L, 1, emit_slice(L, st, AH_AFTER, sl));
   }
   if (ah_flush_due(st)) ah_keep_first(L, 1, ah_flush_status(L, st));
   if (ah_cstack_error(L, -1)) return -1;
@@ -316,7 +326,8 @@ static AH_COLD int not_resumed(lua_State *L, ah_state *st, lua_State *co,
 /* lcorolib's auxresume, plus hooks, for every case */
 static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
                                       lua_State *co, int co_idx, int narg) {
-  int status, nres, cs, hooks, runs, err;
+  slice sl;
+  int status, nres, err, cs;
   if (ah_unlikely(!lua_checkstack(co, narg))) {
     lua_pushliteral(L, "too many arguments to resume");
     return -1;
@@ -328,16 +339,19 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
     if (ah_cstack_error(L, -1)) return -1;
     return ah_raise(L);
   }
+  sl.co = co;
+  sl.co_idx = co_idx;
+  sl.cs = cs;
   /* a coroutine that cannot run makes lua_resume build an error message,
   ** which can raise (out of memory): count only real resumes as active */
   status = lua_status(co);
-  runs = status == LUA_YIELD || (status == LUA_OK && suspended(co));
-  hooks = SLICE_HOOKS(st) && cs >= 0 && runs;
-  if (hooks) {
+  sl.runs = status == LUA_YIELD || (status == LUA_OK && suspended(co));
+  sl.hooks = SLICE_HOOKS(st) && cs >= 0 && sl.runs;
+  if (sl.hooks) {
     lua_Integer id = st->slots[cs].base_id, trigger = st->slots[cs].base_trigger;
-    err = emit_slice(L, st, AH_BEFORE, cs, co, co_idx);
+    err = emit_slice(L, st, AH_BEFORE, &sl);
     int closed = st->slots[cs].L != co || st->slots[cs].base_id != id;
-    if (ah_unlikely(err)) return not_resumed(L, st, co, co_idx, cs, closed, id, trigger);
+    if (ah_unlikely(err)) return not_resumed(L, st, &sl, closed, id, trigger);
     if (ah_unlikely(closed)) {
       /* the before hook closed co (its slot may be another thread's now):
       ** its after, in its context (its ids; its resource, anchored by its
@@ -352,10 +366,23 @@ static AH_NOINLINE int auxresume_full(lua_State *L, ah_state *st,
     }
   }
   lua_xmove(L, co, narg);
-  st->active += runs;
+  st->active += sl.runs;
   status = lua_resume(co, L, narg, &nres);
-  st->active -= runs;
-  return resumed(L, st, co, co_idx, cs, runs, hooks, status, nres);
+  st->active -= sl.runs;
+  return resumed(L, st, &sl, status, nres);
+}
+
+/* resumed() for the fast path's slice: it ran, no before was emitted (a
+** cold function of its own: the fast path keeps no slice on its stack) */
+static AH_COLD int resumed_ran(lua_State *L, ah_state *st, lua_State *co,
+                                   int co_idx, int cs, int status, int nres) {
+  slice sl;
+  sl.co = co;
+  sl.co_idx = co_idx;
+  sl.cs = cs;
+  sl.runs = 1;
+  sl.hooks = 0;
+  return resumed(L, st, &sl, status, nres);
 }
 
 /* The fast path: a coroutine the library knows, that can run, no
@@ -386,7 +413,7 @@ static AH_ALWAYS_INLINE int auxresume(lua_State *L, ah_state *st, lua_State *co,
           return nres;
         }
       }
-      return resumed(L, st, co, co_idx, (int)cs, 1, 0, status, nres);
+      return resumed_ran(L, st, co, co_idx, (int)cs, status, nres);
     }
   }
   return auxresume_full(L, st, co, co_idx, narg);

@@ -15,11 +15,11 @@
 **    is switched; hook events go through one protected call each;
 **  - slow: anything else (other threads, a resource made lazily), through
 **    protected enter/leave closures that do their allocations first.
-** ah_luv_cb_pcall recognises the common cases of the first two in a few
-** tests: a quick record runs in a short function of its own (dispatch_q:
-** the instruction cache holds little of this code between two callbacks),
-** a record and a root callback inline (dispatch_r, dispatch_root: one
-** prologue per callback); cb_pcall_full decides everything else.
+** ah_luv_cb_pcall recognises the callback once (a record, a quick record
+** or a plain function) and takes the first path that fits: dispatch_root,
+** then one inline path per kind (run_record, inlined there: one prologue
+** per callback; run_quick and run_plain, functions of their own: short
+** runs of code), else run_slow.
 ** A record's __call does the same when luv calls it without our cb_pcall in
 ** front (after uninstall()).
 */
@@ -127,19 +127,9 @@ int ah_luv_rec_call(lua_State *L) {
 }
 
 /* ------------------------------------------------------------------- */
-/* the cb_pcall replacement                                              */
+/* what every path in the loop shares                                  */
 
-/* The loop runs inside the library's wrapper of uv.run (see register.c), a core
-** closure: this C code can use the core's own functions.  Switches the
-** callback's context, lets luv call the user's function itself, restores.
-** The caller checked that nothing below allocates (stack reserved, the
-** thread's anchor keys exist, r's entry in lv->cb pushed).  Stack: [X
-** args], while the callback runs [X prev_res prev_frame res fn args].  A
-** record's resource is not anchored as the thread's: R[s] holds it (alive
-** on the stack), and a record that has none yet is found through lv->cur
-** if executionAsyncResource() asks (ah_luv_resource), which happens once:
-** records get theirs at entry from then on. */
-/* luv's pushes per callback (at most LUA_MINSTACK) + dispatch_run's (32) */
+/* luv's pushes per callback (at most LUA_MINSTACK) + an inline path's (32) */
 #define AH_RUN_STACK (LUA_MINSTACK + 32)
 /* ah_flush_maybe's work, where luv's cb_pcall must not raise: the Lua
 ** step (on_destroy_hooks' callback) runs protected through LV_FLUSH, a
@@ -163,7 +153,7 @@ static AH_NOINLINE int flush_in_run(lua_State *L, ah_luv *lv, ah_state *st) {
   return ah_flush_status(L, st);
 }
 
-/* F[s] = the frame at idx, not anchored (dispatch_run holds it on the
+/* F[s] = the frame at idx, not anchored (the inline path holds it on the
 ** stack meanwhile); counted like every frame write.  The dispatch runs in
 ** the frame of the library's uv.run, which checked its upvalues (an error
 ** raised here would cross luv's C code): AH_UVI_*, unchecked */
@@ -186,200 +176,9 @@ static AH_NOINLINE int switch_ok(lua_State *L) {
   return ok;
 }
 
-/* r: the record at base; q: base holds a quick record (r is NULL); neither:
-** a plain callback, run in the root context */
-static AH_ALWAYS_INLINE int dispatch_run(lua_State *L, ah_luv *lv, ah_state *st,
-                                         int s, ah_rec *r, int q, lua_Integer qtrig,
-                                         int base, int nargs, int nresults,
-                                         int flags) {
-  int ret;
-  int pres = base + D_PRES, pframe = base + D_PFRAME, had = st->slots[s].anchored;
-  lua_Integer pid = st->slots[s].id, ptrig = st->slots[s].trigger;
-  lua_Integer id = 0, trigger = 0;
-  size_t depth = lv->cb_n - (r || q); /* the caller pushed r's (q's) entry */
-  int oneshot, has_res;
-  const void *rframe = NULL;
-  struct ah_luv_cur pcur = lv->cur;
-  int switched = 0, err = 0;
-  unsigned fgen;
-  if ((had & A_RES) || depth) /* a resource, or an outer record's marker */
-    lua_rawgeti(L, AH_UVI_R, s);
-  else
-    lua_pushboolean(L, 0);
-  lua_rawgeti(L, AH_UVI_F, s);
-  if (q) { /* [nil frame cb] from its upvalues; its ids are the ones the
-            ** caller read (the id pushed on lv->cb); its kind is read if
-            ** need be (the destroy of a request), its resource from it
-            ** (lv->cur.base) if asked for; its frame is never the empty one
-            ** (a quick record is made only where a frame is set): it is
-            ** always switched */
-    id = lv->cb[lv->cb_n - 1];
-    trigger = qtrig;
-    has_res = oneshot = 0;
-    lua_pushnil(L);
-    lua_getupvalue(L, base, Q_FRAME);
-    lua_getupvalue(L, base, Q_CB);
-  } else {
-    if (r) {
-      id = r->id;
-      trigger = r->trigger;
-      rframe = r->frame;
-    }
-    has_res = r && (r->flags & REC_RES);
-    oneshot = r && (r->flags & REC_ONESHOT);
-    if (has_res) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
-    if (r) { /* its frame, to hold while it runs: only if it is switched
-             ** (the same as the thread's: F[s] and its anchor hold it) */
-      switched = rframe != lua_topointer(L, pframe);
-      if (switched) lua_getiuservalue(L, base, RV_FRAME); else lua_pushnil(L);
-    } else if (had & A_FRAME)
-      lua_rawgeti(L, AH_UVI_AUX, AUX_EMPTY);
-    else
-      lua_pushnil(L);
-    if (r) lua_getiuservalue(L, base, RV_CB); else lua_pushvalue(L, base);
-  }
-  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
-  /* switch.  The frame entered is kept
-  ** alive by its stack slot (D_FRAME) for as long as the callback runs, so
-  ** the switch writes F[s] only: the thread's anchor keeps the previous
-  ** frame, and the leave restores F[s] alone when nothing else wrote it
-  ** meanwhile (any other write goes through set_frame_of, which anchors,
-  ** and counts in st->fgen: then the leave restores in full) */
-  st->slots[s].id = id;
-  st->slots[s].trigger = trigger;
-  if (r || q) {
-    if (q || switched) {
-      frame_write(L, st, s, base + D_FRAME);
-      if (q || rframe != st->empty)
-        st->slots[s].anchored |= A_FRAME;
-      else
-        st->slots[s].anchored &= ~A_FRAME;
-      if (r) { /* F[s] is its frame now: a re-arm from its callback finds
-               ** it there without reading F (register.c's rearm) */
-        r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
-        r->fgen = st->fgen;
-      }
-      switched = 1;
-    }
-    fgen = st->fgen; /* before the before hook, which may write a frame */
-    if ((had & A_RES) && switch_ok(L))
-      ah_set_resource(L, s, base + D_RES); /* nil: none */
-    lv->cur.rec = r;
-    lv->cur.id = id;
-    lv->cur.slot = s;
-    lv->cur.wrote = 0;
-    /* its resource is found from it, or made, if asked for (R[s] is
-    ** written then); once executionAsyncResource() was called, a record's
-    ** resource is written at entry (programs that ask once ask often) */
-    lv->cur.base = base;
-    if (ah_unlikely(has_res && st->res_on)) { /* R[s] holds it (no search) */
-      lua_pushvalue(L, base + D_RES);
-      lua_rawseti(L, AH_UVI_R, s);
-      lv->cur.wrote = 1;
-    } else if (ah_unlikely(depth && !(had & A_RES))) { /* nested: R[s] may hold the outer one's */
-      lua_pushboolean(L, 0);
-      lua_rawseti(L, AH_UVI_R, s);
-      lv->cur.wrote = 1;
-    }
-    st->active += 2; /* the callback, and its entry in lv->cb */
-    /* (room: ah_luv_run reserved it for this frame) */
-    if (ah_unlikely(st->nhooks[AH_BEFORE]) &&
-        ah_unlikely(ah_emit_id_reserved(L, st, AH_BEFORE, id))) {
-      /* an error of the dispatch (not the hook's own) is the callback's:
-      ** luv calls raise_last with it in the callback's place */
-      lua_pushcfunction(L, raise_last);
-      lua_replace(L, base + D_NSAVED + 1);
-      nargs++;
-    }
-  } else {
-    lua_pushboolean(L, 0);
-    if (had & A_FRAME) { /* the root context: the empty frame */
-      frame_write(L, st, s, base + D_FRAME);
-      st->slots[s].anchored &= ~A_FRAME;
-      switched = 1;
-    }
-    fgen = st->fgen;
-    lv->cur.rec = NULL;
-    lv->cur.id = 0;
-    lv->cur.slot = s;
-    lv->cur.wrote = 0;
-    lv->cur.base = 0;
-    if (had & A_RES) {
-      if (switch_ok(L)) ah_set_resource(L, s, -1);
-    } else if (depth) { /* nested: R[s] may hold the outer one's */
-      lua_pushboolean(L, 0);
-      lua_rawseti(L, AH_UVI_R, s);
-      lv->cur.wrote = 1;
-    }
-    lua_pop(L, 1);
-    st->active++;
-  }
-  ret = lv->orig(L, nargs, nresults, flags);
-  /* leave: after (also for the records an error unwound), restore; an
-  ** error of these dispatches is handed to luv once all is restored */
-  if (ah_unlikely(lv->cb_n != depth + (r || q))) {
-    err = cb_unwind(L, lv, depth);
-  } else if (r || q) {
-    if (ah_unlikely(st->nhooks[AH_AFTER])) { /* (room: as for before, unless
-                                             ** the callback left results) */
-      if (nresults == 0) err = ah_emit_id_reserved(L, st, AH_AFTER, id);
-      else err = ah_emit_id(L, st, AH_AFTER, id);
-    }
-    cb_pop(lv);
-    st->active--;
-  }
-  if (q && ah_unlikely(st->nhooks[AH_DESTROY])) { /* a request's (as a record's) */
-    const ah_spec *sp;
-    lua_getupvalue(L, base, Q_SPEC);
-    sp = ah_luv_spec(L, lv, -1);
-    oneshot = sp && sp->kind == W_REQ;
-    lua_pop(L, 1);
-  }
-  if (oneshot && ah_unlikely(st->nhooks[AH_DESTROY])) ah_queue_destroy(st, id);
-  st->slots[s].id = pid;
-  st->slots[s].trigger = ptrig;
-  if (ah_unlikely((had | st->slots[s].anchored) & A_RES)) {
-    if (switch_ok(L)) ah_set_resource(L, s, pres);
-  } else if (ah_unlikely(lv->cur.wrote)) {
-    lua_pushvalue(L, pres);
-    lua_rawseti(L, AH_UVI_R, s);
-  }
-  lv->cur = pcur;
-  /* the frame: unchanged when nothing wrote one; only F[s] when only the
-  ** switch above did (the thread's anchor still holds the previous frame);
-  ** else in full (F[s] of the thread that runs the loop is written only
-  ** here and through set_frame_of, which anchors; both count) */
-  if (ah_likely(st->fgen == fgen)) {
-    if (switched) {
-      frame_write(L, st, s, pframe);
-      st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
-                                              (had & A_FRAME));
-    }
-  } else {
-    lua_rawgeti(L, AH_UVI_F, s);
-    if (!lua_rawequal(L, -1, pframe) && switch_ok(L)) ah_set_frame(L, s, pframe);
-    lua_pop(L, 1);
-  }
-  st->active--;
-  if (ah_unlikely(st->dq_n || st->notify_pending) && !st->active && !st->dispatching)
-    err = ah_keep_first(L, err, flush_in_run(L, lv, st));
-  if (ah_unlikely(err)) luv_report(L, lv, flags);
-  if (ah_likely(nresults == 0)) {
-    lua_settop(L, base - 1);
-  } else { /* [X pres pframe res results] -> [results] */
-    lua_rotate(L, base, -(D_NSAVED + 1));
-    lua_pop(L, D_NSAVED + 1);
-  }
-  return ret;
-}
+/* ------------------------------------------------------------------- */
+/* the slow path                                                         */
 
-/* The slow path's enter(X): save the current thread's context and enter
-** the callback's: the record's (its before is emitted here), or else the
-** root context.  Returns previous resource, frame, id, trigger, depth of
-** lv->cb, the function luv must call, and nil, or else (the before
-** dispatch failed: the error is the callback's, which does not run)
-** raise_last and the error.  Everything that can fail comes first: nothing
-** has changed if it does. */
 /* the ah_luv of the enter/leave closure running (its E_LV, reachable
 ** from Lua: checked) */
 static ah_luv *e_lv(lua_State *L, ah_state *st) {
@@ -389,6 +188,13 @@ static ah_luv *e_lv(lua_State *L, ah_state *st) {
   return lv;
 }
 
+/* The slow path's enter(X): save the current thread's context and enter
+** the callback's: the record's (its before is emitted here), or else the
+** root context.  Returns previous resource, frame, id, trigger, depth of
+** lv->cb, the function luv must call, and nil, or else (the before
+** dispatch failed: the error is the callback's, which does not run)
+** raise_last and the error.  Everything that can fail comes first: nothing
+** has changed if it does. */
 static int luv_enter(lua_State *L) {
   ah_state *st = ah_st(L);
   ah_luv *lv = e_lv(L, st);
@@ -517,6 +323,301 @@ static int dispatch_slow(lua_State *L, ah_luv *lv, int nargs, int nresults,
   return ret;
 }
 
+/* Anything the inline paths do not do: the slow path, through the
+** ah_luv's closures; in_run: its RUN_LV (checked again: the debug library
+** can change it while the loop runs), else the registry's */
+static AH_NOINLINE int run_slow(lua_State *L, ah_luv *lv, int in_run,
+                                int nargs, int nresults, int flags) {
+  if (in_run) {
+    if (lua_touserdata(L, RUN_LV) != lv) /* (damaged: see ah_luv_run) */
+      return lv->orig(L, nargs, nresults, flags);
+    lua_pushvalue(L, RUN_LV);
+  } else if (ah_luv_push(L) != lv) { /* (changed meanwhile: damaged) */
+    lua_pop(L, 1);
+    return lv->orig(L, nargs, nresults, flags);
+  }
+  return dispatch_slow(L, lv, nargs, nresults, flags);
+}
+
+/* ------------------------------------------------------------------- */
+/* the inline paths                                                      */
+
+/* The loop runs inside the library's wrapper of uv.run (see register.c), a core
+** closure: this C code can use the core's own functions.  Each inline path
+** switches the callback's context, lets luv call the user's function
+** itself, restores.  The caller checked that nothing below allocates
+** (stack reserved, the thread's anchor keys exist, a record's entry in
+** lv->cb pushed).  Stack: [X args], while the callback runs [X prev_res
+** prev_frame res frame fn args].  A record's resource is not anchored as
+** the thread's: R[s] holds it (alive on the stack), and a record that has
+** none yet is found through lv->cur if executionAsyncResource() asks
+** (ah_luv_resource), which happens once: records get theirs at entry from
+** then on.  Three paths, one per kind of callback (run_record, run_quick,
+** run_plain), made of the steps below, all inlined: d_save, the path's own
+** switch of the frame, d_enter (tracked callbacks), luv's call, d_leave
+** (tracked callbacks), d_restore. */
+
+/* what an inline path saves at its entry and restores at its exit (a
+** local of the inlined path: its fields live in registers) */
+typedef struct dsp {
+  int s;        /* the slot of the thread that runs the loop */
+  int base;     /* the callback's index: its values are at base + D_* */
+  int had;      /* the slot's anchored bits at entry */
+  int switched; /* the switch wrote F[s] */
+  unsigned fgen; /* st->fgen once switched: still that, nothing else wrote F */
+  size_t depth;  /* lv->cb_n below the callback's own entry */
+  lua_Integer pid, ptrig;  /* the thread's ids */
+  struct ah_luv_cur pcur;  /* lv->cur */
+} dsp;
+
+/* save the thread's context; push its resource (false: none, and no
+** outer record's marker to keep) and its frame, at base + D_PRES and
+** D_PFRAME.  entered: the caller pushed the callback's entry in lv->cb */
+static AH_ALWAYS_INLINE void d_save(lua_State *L, ah_luv *lv, ah_state *st,
+                                    dsp *d, int s, int base, int entered) {
+  d->s = s;
+  d->base = base;
+  d->had = st->slots[s].anchored;
+  d->switched = 0;
+  d->depth = lv->cb_n - (size_t)entered;
+  d->pid = st->slots[s].id;
+  d->ptrig = st->slots[s].trigger;
+  d->pcur = lv->cur;
+  if ((d->had & A_RES) || d->depth) /* a resource, or an outer record's marker */
+    lua_rawgeti(L, AH_UVI_R, s);
+  else
+    lua_pushboolean(L, 0);
+  lua_rawgeti(L, AH_UVI_F, s);
+}
+
+/* The switch of the frame: F[s] = the frame at base + D_FRAME, kept alive
+** by that stack slot for as long as the callback runs, so the switch
+** writes F[s] only: the thread's anchor keeps the previous frame, and
+** d_restore restores F[s] alone when nothing else wrote it meanwhile (any
+** other write goes through set_frame_of, which anchors, and counts in
+** st->fgen: then the restore is in full).  nonempty: not the empty frame */
+static AH_ALWAYS_INLINE void d_frame(lua_State *L, ah_state *st, dsp *d,
+                                     int nonempty) {
+  frame_write(L, st, d->s, d->base + D_FRAME);
+  if (nonempty)
+    st->slots[d->s].anchored |= A_FRAME;
+  else
+    st->slots[d->s].anchored &= ~A_FRAME;
+  d->switched = 1;
+}
+
+/* Enter a tracked callback's context once its ids and frame are switched:
+** its resource, lv->cur, its before.  r: its record (NULL: a quick record,
+** found at base); has_res: it has a resource, at base + D_RES.  Returns
+** nargs, one more when the before's dispatch failed. */
+static AH_ALWAYS_INLINE int d_enter(lua_State *L, ah_luv *lv, ah_state *st,
+                                    dsp *d, ah_rec *r, lua_Integer id,
+                                    int has_res, int nargs) {
+  int s = d->s;
+  d->fgen = st->fgen; /* before the before hook, which may write a frame */
+  if ((d->had & A_RES) && switch_ok(L))
+    ah_set_resource(L, s, d->base + D_RES); /* nil: none */
+  lv->cur.rec = r;
+  lv->cur.id = id;
+  lv->cur.slot = s;
+  lv->cur.wrote = 0;
+  /* its resource is found from it, or made, if asked for (R[s] is
+  ** written then); once executionAsyncResource() was called, a record's
+  ** resource is written at entry (programs that ask once ask often) */
+  lv->cur.base = d->base;
+  if (ah_unlikely(has_res && st->res_on)) { /* R[s] holds it (no search) */
+    lua_pushvalue(L, d->base + D_RES);
+    lua_rawseti(L, AH_UVI_R, s);
+    lv->cur.wrote = 1;
+  } else if (ah_unlikely(d->depth && !(d->had & A_RES))) {
+    /* nested: R[s] may hold the outer one's */
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, AH_UVI_R, s);
+    lv->cur.wrote = 1;
+  }
+  st->active += 2; /* the callback, and its entry in lv->cb */
+  /* (room: ah_luv_run reserved it for this frame) */
+  if (ah_unlikely(st->nhooks[AH_BEFORE]) &&
+      ah_unlikely(ah_emit_id_reserved(L, st, AH_BEFORE, id))) {
+    /* an error of the dispatch (not the hook's own) is the callback's:
+    ** luv calls raise_last with it in the callback's place */
+    lua_pushcfunction(L, raise_last);
+    lua_replace(L, d->base + D_NSAVED + 1);
+    nargs++;
+  }
+  return nargs;
+}
+
+/* A tracked callback returned: its after (also for the records an error
+** unwound), its entry in lv->cb popped.  1 with the first error of these
+** dispatches pushed. */
+static AH_ALWAYS_INLINE int d_leave(lua_State *L, ah_luv *lv, ah_state *st,
+                                    const dsp *d, lua_Integer id,
+                                    int nresults) {
+  int err = 0;
+  if (ah_unlikely(lv->cb_n != d->depth + 1)) return cb_unwind(L, lv, d->depth);
+  if (ah_unlikely(st->nhooks[AH_AFTER])) { /* (room: as for before, unless
+                                           ** the callback left results) */
+    if (nresults == 0) err = ah_emit_id_reserved(L, st, AH_AFTER, id);
+    else err = ah_emit_id(L, st, AH_AFTER, id);
+  }
+  cb_pop(lv);
+  st->active--;
+  return err;
+}
+
+/* Restore what d_save saved; an error of the dispatches (err: on top) is
+** handed to luv once all is restored; the saved values are dropped, the
+** callback's results kept.  Returns ret. */
+static AH_ALWAYS_INLINE int d_restore(lua_State *L, ah_luv *lv, ah_state *st,
+                                      const dsp *d, int err, int ret,
+                                      int nresults, int flags) {
+  int s = d->s, pres = d->base + D_PRES, pframe = d->base + D_PFRAME;
+  st->slots[s].id = d->pid;
+  st->slots[s].trigger = d->ptrig;
+  if (ah_unlikely((d->had | st->slots[s].anchored) & A_RES)) {
+    if (switch_ok(L)) ah_set_resource(L, s, pres);
+  } else if (ah_unlikely(lv->cur.wrote)) {
+    lua_pushvalue(L, pres);
+    lua_rawseti(L, AH_UVI_R, s);
+  }
+  lv->cur = d->pcur;
+  /* the frame: unchanged when nothing wrote one; only F[s] when only the
+  ** switch did (the thread's anchor still holds the previous frame); else
+  ** in full (F[s] of the thread that runs the loop is written only here
+  ** and through set_frame_of, which anchors; both count) */
+  if (ah_likely(st->fgen == d->fgen)) {
+    if (d->switched) {
+      frame_write(L, st, s, pframe);
+      st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
+                                              (d->had & A_FRAME));
+    }
+  } else {
+    lua_rawgeti(L, AH_UVI_F, s);
+    if (!lua_rawequal(L, -1, pframe) && switch_ok(L)) ah_set_frame(L, s, pframe);
+    lua_pop(L, 1);
+  }
+  st->active--;
+  if (ah_unlikely(st->dq_n || st->notify_pending) && !st->active && !st->dispatching)
+    err = ah_keep_first(L, err, flush_in_run(L, lv, st));
+  if (ah_unlikely(err)) luv_report(L, lv, flags);
+  if (ah_likely(nresults == 0)) {
+    lua_settop(L, d->base - 1);
+  } else { /* [X pres pframe res frame results] -> [results] */
+    lua_rotate(L, d->base, -(D_NSAVED + 1));
+    lua_pop(L, D_NSAVED + 1);
+  }
+  return ret;
+}
+
+/* The record r at base (the caller pushed its entry in lv->cb): inlined
+** where it is called, one prologue per callback (the timer chain's path) */
+static AH_ALWAYS_INLINE int run_record(lua_State *L, ah_luv *lv, ah_state *st,
+                                       int s, ah_rec *r, int base, int nargs,
+                                       int nresults, int flags) {
+  dsp d;
+  /* read at entry: a re-arm from its callback makes r the new
+  ** registration's */
+  lua_Integer id = r->id;
+  const void *rframe = r->frame;
+  int oneshot = r->flags & REC_ONESHOT, has_res = r->flags & REC_RES;
+  int switched, ret, err;
+  d_save(L, lv, st, &d, s, base, 1);
+  if (has_res) lua_getiuservalue(L, base, RV_RES); else lua_pushnil(L);
+  /* its frame, held on the stack while it runs only if it is switched
+  ** (the same as the thread's: F[s] and its anchor hold it) */
+  switched = rframe != lua_topointer(L, base + D_PFRAME);
+  if (switched) lua_getiuservalue(L, base, RV_FRAME); else lua_pushnil(L);
+  lua_getiuservalue(L, base, RV_CB);
+  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
+  st->slots[s].id = id;
+  st->slots[s].trigger = r->trigger;
+  if (switched) {
+    d_frame(L, st, &d, rframe != st->empty);
+    /* F[s] is its frame now: a re-arm from its callback finds it there
+    ** without reading F (register.c's rearm) */
+    r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
+    r->fgen = st->fgen;
+  }
+  nargs = d_enter(L, lv, st, &d, r, id, has_res, nargs);
+  ret = lv->orig(L, nargs, nresults, flags);
+  err = d_leave(L, lv, st, &d, id, nresults);
+  if (oneshot && ah_unlikely(st->nhooks[AH_DESTROY])) ah_queue_destroy(st, id);
+  return d_restore(L, lv, st, &d, err, ret, nresults, flags);
+}
+
+/* The quick record at base (the caller checked all but the room in
+** lv->cb): a function of its own, apart from the rest, so that it is a
+** short run of code.  Its values come from its upvalues; its kind is read
+** if need be (the destroy of a request), its resource from it
+** (lv->cur.base) if asked for; its frame is never the empty one (a quick
+** record is made only where a frame is set): it is always switched. */
+static AH_NOINLINE int run_quick(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                                 int base, int nargs, int nresults, int flags) {
+  dsp d;
+  lua_Integer trigger, id = ah_luv_q_ids(L, base, &trigger);
+  int ret, err;
+  if (ah_unlikely(!cb_push(lv, id))) return run_slow(L, lv, 1, nargs, nresults, flags);
+  d_save(L, lv, st, &d, s, base, 1);
+  lua_pushnil(L);
+  lua_getupvalue(L, base, Q_FRAME);
+  lua_getupvalue(L, base, Q_CB);
+  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
+  st->slots[s].id = id;
+  st->slots[s].trigger = trigger;
+  d_frame(L, st, &d, 1);
+  nargs = d_enter(L, lv, st, &d, NULL, id, 0, nargs);
+  ret = lv->orig(L, nargs, nresults, flags);
+  err = d_leave(L, lv, st, &d, id, nresults);
+  if (ah_unlikely(st->nhooks[AH_DESTROY])) { /* a request's (as a record's) */
+    const ah_spec *sp;
+    lua_getupvalue(L, base, Q_SPEC);
+    sp = ah_luv_spec(L, lv, -1);
+    lua_pop(L, 1);
+    if (sp && sp->kind == W_REQ) ah_queue_destroy(st, id);
+  }
+  return d_restore(L, lv, st, &d, err, ret, nresults, flags);
+}
+
+/* A plain callback, run in the root context, where the thread's context
+** is not empty or it is nested in another callback (dispatch_root takes
+** the rest): the empty frame, no resource, no before or after. */
+static AH_NOINLINE int run_plain(lua_State *L, ah_luv *lv, ah_state *st, int s,
+                                 int base, int nargs, int nresults, int flags) {
+  dsp d;
+  int ret, err = 0;
+  d_save(L, lv, st, &d, s, base, 0);
+  lua_pushnil(L);
+  if (d.had & A_FRAME) lua_rawgeti(L, AH_UVI_AUX, AUX_EMPTY); else lua_pushnil(L);
+  lua_pushvalue(L, base);
+  if (nargs) lua_rotate(L, base + 1, D_NSAVED + 1);
+  st->slots[s].id = 0;
+  st->slots[s].trigger = 0;
+  lua_pushboolean(L, 0);
+  if (d.had & A_FRAME) d_frame(L, st, &d, 0);
+  d.fgen = st->fgen;
+  lv->cur.rec = NULL;
+  lv->cur.id = 0;
+  lv->cur.slot = s;
+  lv->cur.wrote = 0;
+  lv->cur.base = 0;
+  if (d.had & A_RES) {
+    if (switch_ok(L)) ah_set_resource(L, s, -1);
+  } else if (d.depth) { /* nested: R[s] may hold the outer one's */
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, AH_UVI_R, s);
+    lv->cur.wrote = 1;
+  }
+  lua_pop(L, 1);
+  st->active++;
+  ret = lv->orig(L, nargs, nresults, flags);
+  if (ah_unlikely(lv->cb_n != d.depth)) err = cb_unwind(L, lv, d.depth);
+  return d_restore(L, lv, st, &d, err, ret, nresults, flags);
+}
+
+/* ------------------------------------------------------------------- */
+/* the cb_pcall replacement                                              */
+
 /* The common untracked case: a plain callback arriving while the thread's
 ** context is empty (uv.run at top level).  Only the ids are switched. */
 static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st, int s,
@@ -559,27 +660,31 @@ static AH_ALWAYS_INLINE int dispatch_root(lua_State *L, ah_luv *lv, ah_state *st
   return ret;
 }
 
-
-/* The inline path of a quick record (the caller checked all but the room
-** in lv->cb): a function of its own, apart from the rest, so that it is a
-** short run of code; and of a record (the caller pushed its entry), inlined
-** where it is called (one prologue per callback: the timer chain's path) */
-static AH_NOINLINE int dispatch_q(lua_State *L, ah_luv *lv, ah_state *st, int s,
-                                  int base, int nargs, int nresults, int flags) {
-  lua_Integer qtrig;
-  if (ah_unlikely(!cb_push(lv, ah_luv_q_ids(L, base, &qtrig)))) {
-    if (lua_touserdata(L, RUN_LV) != lv) /* (damaged: see ah_luv_run) */
-      return lv->orig(L, nargs, nresults, flags);
-    lua_pushvalue(L, RUN_LV);
-    return dispatch_slow(L, lv, nargs, nresults, flags);
+/* What the callback at base is, recognised once per callback: a record
+** (returned; a record closure at base is replaced by its record, which
+** luv then runs), a quick record (*q set), else a plain callback.  The
+** records and the closures' upvalues are reachable from Lua: checked. */
+static AH_ALWAYS_INLINE ah_rec *recognise(lua_State *L, const ah_luv *lv,
+                                          int base, int *q) {
+  lua_CFunction f = lua_tocfunction(L, base); /* NULL: not a C function */
+  ah_rec *r;
+  if (f == ah_luv_q_fn) {
+    *q = 1;
+    return NULL;
   }
-  return dispatch_run(L, lv, st, s, NULL, 1, qtrig, base, nargs, nresults, flags);
-}
-
-static AH_ALWAYS_INLINE int dispatch_r(lua_State *L, ah_luv *lv, ah_state *st, int s,
-                                  ah_rec *r, int base, int nargs, int nresults,
-                                  int flags) {
-  return dispatch_run(L, lv, st, s, r, 0, 0, base, nargs, nresults, flags);
+  if (f == ah_luv_rec_fn1 || f == ah_luv_rec_fn) {
+    /* a record's closure (register.c makes them, always with a record of
+    ** this state: a re-armed slot's, or a registration luv takes only a
+    ** function for) */
+    if (!lv->closures) return NULL;
+    lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? RF1_REC_N : RF_REC_N);
+    r = ah_luv_rec_at(L, lv, -1);
+    if (r || f == ah_luv_rec_fn) lua_replace(L, base); /* (as ah_luv_record) */
+    else lua_pop(L, 1);
+    return r;
+  }
+  if (f || lua_type(L, base) == LUA_TFUNCTION) return NULL;
+  return ah_luv_rec_at(L, lv, base); /* a record itself (its __call), maybe */
 }
 
 /* uv.walk(fn) calls fn at once, once per handle, through cb_pcall (from
@@ -595,138 +700,81 @@ static int in_walk(lua_State *L, const ah_luv *lv) {
   return f == lv->walk;
 }
 
-/* Every case (ah_luv_cb_pcall below takes the common ones first).  The
-** state, the ah_luv and the records come from places reachable from Lua:
-** each is checked, and what fails runs the callback as luv would. */
-static AH_NOINLINE int cb_pcall_full(lua_State *L, int nargs, int nresults, int flags) {
-  ah_luv *lv = NULL;
-  ah_state *st = NULL;
-  ah_rec *r;
+/* inside a coroutine's before/after emitted from its resumer (a hook that
+** runs the loop): the callback's context is its own */
+static AH_NOINLINE int in_coroutine_event(lua_State *L, ah_state *st, int nargs,
+                                          int nresults, int flags) {
+  ah_ov pov = st->ov;
+  int ret;
+  st->ov.slot = 0;
+  ret = ah_luv_cb_pcall(L, nargs, nresults, flags);
+  st->ov = pov;
+  return ret;
+}
+
+/* The callback's path: recognised once, the first that fits taken.
+** in_run: inside the library's uv.run (the inline paths need its frame:
+** its stack reserved, its upvalues). */
+static AH_ALWAYS_INLINE int cb_dispatch(lua_State *L, ah_luv *lv, int in_run,
+                                        int nargs, int nresults, int flags) {
+  ah_state *st = lv->st;
+  ah_rec *r = NULL;
   uintptr_t s;
-  int base, known, in_run, q;
-  in_run = lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key;
-  if (in_run) { /* inside the library's uv.run: its upvalues are ours */
-    lv = (ah_luv *)lua_touserdata(L, RUN_LVP); /* (checked by ah_luv_run) */
-    st = lv->st;
-  }
-  if (!in_run) {
-    lv = ah_luv_push(L);
-    lua_pop(L, 1);
-    if (lv == NULL) { /* the debug library took it away: luv's own */
-      ah_luv_pcall orig = ah_load_ptr(ah_luv_fallback);
-      return orig(L, nargs, nresults, flags);
-    }
-    if (in_walk(L, lv)) return lv->orig(L, nargs, nresults, flags | lv->flags);
-    st = lv->st;
-  }
-  if (ah_unlikely(st->ov.slot)) {
-    /* inside a coroutine's before/after emitted from its resumer (a hook
-    ** that runs the loop): the callback's context is its own */
-    ah_ov pov = st->ov;
-    int ret;
-    st->ov.slot = 0;
-    ret = ah_luv_cb_pcall(L, nargs, nresults, flags);
-    st->ov = pov;
-    return ret;
-  }
+  int known, a, base = 0, q = 0;
+  if (ah_unlikely(st->ov.slot)) return in_coroutine_event(L, st, nargs, nresults, flags);
   flags |= lv->flags;
   /* the slot from the extra space (safe to read even when the host owns
   ** it: a value passes only if slot s names this very thread); when the
   ** host owns it, the slow path finds the slot */
   s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
-  known = s < (uintptr_t)st->cap && st->slots[s].L == L;
-  /* no record: none was ever made (nothing was ever tracked), or a plain
-  ** function while no record closure was ever made */
-  r = NULL;
-  q = 0;
-  base = 0;
+  known = ah_likely(s < (uintptr_t)st->cap && st->slots[s].L == L);
+  a = known ? st->slots[s].anchored : 0;
+  /* no record: none was ever made (nothing was ever tracked) */
   if (lv->records) {
-    int fi = base = lua_gettop(L) - nargs;
-    lua_CFunction f = lua_tocfunction(L, fi); /* NULL: not a C function */
-    if (f == ah_luv_rec_fn1 && lv->closures) {
-      /* a re-armed slot's closure (register.c's rearm makes them, always with
-      ** a record of this state): luv runs the record from here on */
-      lua_getupvalue(L, fi, RF1_REC_N);
-      if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) lua_replace(L, fi);
-      else lua_pop(L, 1);
-    } else if (f == ah_luv_q_fn) {
-      q = 1; /* a quick record (private.h) */
-    } else if (lua_type(L, fi) != LUA_TFUNCTION || lv->closures) {
-      r = ah_luv_record(L, lv, fi);
-    }
+    base = lua_gettop(L) - nargs;
+    r = recognise(L, lv, base, &q);
   }
-  if (!r && !q && known && !(st->slots[s].anchored & (A_FRAME | A_RES)) &&
+  if (!r && !q && known && !(a & (A_FRAME | A_RES)) &&
       !lv->cb_n) /* nested in a callback: R[s] may hold the outer one's */
     return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
   if (!base) base = lua_gettop(L) - nargs;
-  /* a quick record whose resource is asked for (res_on) goes the slow way:
-  ** its function makes it a record */
-  if (in_run && known && /* stack: reserved by ah_luv_run */
-      (st->slots[s].anchored & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES) &&
-      !(r && !(r->flags & REC_RES) && st->res_on) && !(q && st->res_on) &&
-      (!r || cb_push(lv, r->id))) {
-    if (q) return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
-    return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
-  }
-  if (in_run) lua_pushvalue(L, RUN_LV);
-  else if (ah_luv_push(L) != lv) { /* (changed meanwhile: damaged) */
-    lua_pop(L, 1);
-    return lv->orig(L, nargs, nresults, flags);
-  }
-  return dispatch_slow(L, lv, nargs, nresults, flags);
-}
-
-/* Every luv callback comes through here (see the top of the file): the
-** common cases inside the library's uv.run (a quick record, a re-armed
-** handle's record, a plain callback in the root context), and the rest
-** through cb_pcall_full, which checks everything again. */
-int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
-  if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key)) {
-    /* the frame of the library's uv.run, which checked RUN_LVP */
-    ah_luv *lv = (ah_luv *)lua_touserdata(L, RUN_LVP);
-    ah_state *st = lv->st;
-    uintptr_t s = AH_EXTRA_FITS && st->extra ? ah_extra(L) : UINTPTR_MAX;
-    if (ah_likely(!st->ov.slot && s < (uintptr_t)st->cap && st->slots[s].L == L)) {
-      int a = st->slots[s].anchored;
-      int root = !(a & (A_FRAME | A_RES)) && !lv->cb_n;
-      flags |= lv->flags;
-      if (lv->records) { /* the callback may be a record */
-        int base = lua_gettop(L) - nargs;
-        lua_CFunction f = lua_tocfunction(L, base);
-        int keys = (a & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES);
-        if (f == ah_luv_q_fn) {
-          if (keys && !st->res_on)
-            return dispatch_q(L, lv, st, (int)s, base, nargs, nresults, flags);
-          root = 0;
-        } else if (f == ah_luv_rec_fn1 || f == ah_luv_rec_fn) {
-          /* a record's closure (register.c makes them, always with a record of
-          ** this state: a re-armed slot's, or a registration luv takes only
-          ** a function for; its upvalue is reachable from Lua: checked) */
-          if (keys && lv->closures) { /* (the record path is inlined here
-            ** and below: one shared copy is slower on a timer chain) */
-            ah_rec *r;
-            lua_getupvalue(L, base, f == ah_luv_rec_fn1 ? RF1_REC_N : RF_REC_N);
-            if ((r = ah_luv_rec_at(L, lv, -1)) != NULL) {
-              lua_replace(L, base); /* the record, as cb_pcall_full reads it */
-              if (((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))
-                return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
-            } else {
-              lua_pop(L, 1);
-            }
-          }
-          root = 0;
-        } else if (f || lua_type(L, base) != LUA_TFUNCTION) {
-          /* a record itself (luv calls it through its __call), maybe */
-          ah_rec *r = f ? NULL : ah_luv_record(L, lv, base);
-          if (r && keys && ((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))
-            return dispatch_r(L, lv, st, (int)s, r, base, nargs, nresults, flags);
-          root = 0;
-        }
-      }
-      if (root) return dispatch_root(L, lv, st, (int)s, nargs, nresults, flags);
+  /* inline: the thread's anchor keys made; a callback whose resource is
+  ** asked for (res_on) and not made yet goes the slow way, which makes it */
+  if (in_run && known && (a & (AKEY_FRAME | AKEY_RES)) == (AKEY_FRAME | AKEY_RES)) {
+    if (q) {
+      if (!st->res_on) return run_quick(L, lv, st, (int)s, base, nargs, nresults, flags);
+    } else if (r) {
+      if (((r->flags & REC_RES) || !st->res_on) && cb_push(lv, r->id))
+        return run_record(L, lv, st, (int)s, r, base, nargs, nresults, flags);
+    } else {
+      return run_plain(L, lv, st, (int)s, base, nargs, nresults, flags);
     }
   }
-  return cb_pcall_full(L, nargs, nresults, flags);
+  return run_slow(L, lv, in_run, nargs, nresults, flags);
+}
+
+/* A callback outside the library's uv.run: the state's ah_luv from the
+** registry (reachable from Lua: checked) */
+static AH_NOINLINE int outside_run(lua_State *L, int nargs, int nresults, int flags) {
+  ah_luv *lv = ah_luv_push(L);
+  lua_pop(L, 1);
+  if (lv == NULL) { /* the debug library took it away: luv's own */
+    ah_luv_pcall orig = ah_load_ptr(ah_luv_fallback);
+    return orig(L, nargs, nresults, flags);
+  }
+  if (in_walk(L, lv)) return lv->orig(L, nargs, nresults, flags | lv->flags);
+  return cb_dispatch(L, lv, 0, nargs, nresults, flags);
+}
+
+/* Every luv callback comes through here (see the top of the file).  The
+** state, the ah_luv and the records come from places reachable from Lua:
+** each is checked, and what fails runs the callback as luv would. */
+int ah_luv_cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  if (ah_likely(lua_touserdata(L, RUN_MARK) == (void *)&ah_luv_key))
+    /* the frame of the library's uv.run, which checked RUN_LVP */
+    return cb_dispatch(L, (ah_luv *)lua_touserdata(L, RUN_LVP), 1, nargs,
+                       nresults, flags);
+  return outside_run(L, nargs, nresults, flags);
 }
 
 /* the library's uv.run: luv's, called in this frame, so that callbacks
@@ -743,9 +791,9 @@ int ah_luv_run(lua_State *L) {
   if (lv == NULL || lv->st != st || lv->run == NULL ||
       lua_touserdata(L, RUN_LVP) != lv || !ah_tables_ok(L, AH_TALL))
     return luaL_error(L, "async_hooks: internal state damaged (uv.run)");
-  /* room for what dispatch_run pushes: luv pushes each callback and its
+  /* room for what the inline paths push: luv pushes each callback and its
   ** arguments inside this very frame (a C call, not a Lua call), whose
-  ** reserved top the collector never shrinks below; dispatch_run runs only
+  ** reserved top the collector never shrinks below; they run only
   ** when this frame is the running one (RUN_MARK) */
   luaL_checkstack(L, AH_RUN_STACK, "async_hooks");
   ah_flush_maybe(L, st);

@@ -46,7 +46,7 @@ typedef struct ah_luv {
   lua_CFunction is_closing; /* luv's uv.is_closing (see register.c's kept) */
   int closures;       /* a record closure was made (ah_luv_rec_fn, _fn1) */
   int records;        /* a record was made: a callback can be one */
-  /* the record whose callback runs inline (dispatch_run), with the asyncId
+  /* the record whose callback runs inline (dispatch.c), with the asyncId
   ** and slot it runs in: executionAsyncResource() finds it here (saved and
   ** restored as one, around each callback) */
   struct ah_luv_cur {

@@ -355,7 +355,7 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx) {
   lua_settop(L, top);
 }
 
-/* find the innermost frame of the library's uv.run (dispatch_run ran
+/* find the innermost frame of the library's uv.run (an inline dispatch ran
 ** there), below the running function's frames: a C closure whose upvalue
 ** after the shared ones and its ah_luv is the mark (RUN_MARK); 0 if there is none */
 static int run_frame(lua_State *L, lua_Debug *ar) {
