@@ -1,6 +1,16 @@
 -- Shared helpers for the specs.
 local H = {}
 
+-- luv keeps its loop in the first luv module table (its `_loop`); busted
+-- empties package.loaded after each spec file, and once that table is
+-- collected luv closes the loop that every later require("luv") reuses:
+-- the next spec file that uses luv crashes.  Kept for the whole run.
+do
+  local uv = package.loaded.luv
+  local loop = type(uv) == "table" and rawget(uv, "_loop")
+  if loop then debug.getregistry()["async_hooks.spec.luv_loop"] = loop end
+end
+
 --- The command of the Lua interpreter running these specs (busted's own
 -- `arg`: the interpreter is its most negative index, e.g. `lua5.4` for
 -- `lua5.4 /usr/bin/busted`), quoted for the shell.

@@ -277,6 +277,9 @@ static int kept(lua_State *L, const ah_luv *lv, const ah_spec *sp, int handle_id
 ** there and reuses it (a chain allocates nothing per step).  Returns -1,
 ** having changed nothing, when a finalizer run by an allocation made the
 ** registration need a record (a hook, a resource asked for). */
+/* track_q's pushes with a resource: it, then the closure's upvalues */
+#define TRACK_Q_STACK (1 + Q_N + 2)
+
 static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
   int i, nres, nup = Q_N + sp->nf; /* at most 8 pushes: within LUA_MINSTACK */
@@ -284,7 +287,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_Integer id, trigger = st->slots[s].id;
   const void *qp;
   if (ah_unlikely(res)) { /* (a request's) */
-    luaL_checkstack(L, AH_LUV_RES_STACK, "async_hooks");
+    luaL_checkstack(L, TRACK_Q_STACK, "async_hooks");
     a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
     a2 = sp->nf > 1 && sp->f[1] <= n ? sp->f[1] : 0;
     ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2); /* n+1: can fail */
@@ -494,7 +497,9 @@ static int wrapped(lua_State *L) {
   if (ah_unlikely(sp != ah_load_ptr(spec_last) || sp->self != sp)) {
     if (sp == NULL || sp != ah_load_ptr(specs_known[SPEC_HASH(sp)]) || sp->self != sp)
       sp = check_spec(L);
-    ah_store_ptr(spec_last, sp);
+    /* (not once finalized: forget_specs has run, and the spec's memory
+    ** goes with the state; luv's loop finalizer runs callbacks after it) */
+    if (!sp->lv->closed) ah_store_ptr(spec_last, sp);
   }
   lv = sp->lv;
   st = lv->st;
