@@ -169,7 +169,6 @@ typedef struct ah_state {
   ** false and returns 0; anchors.c calls it without knowing the layer
   ** (NULL: none). */
   int (*lazy_resource)(lua_State *L, struct ah_state *st, int s, int t);
-  void *lazy;                /* that layer's own state */
   /* pushes the own resource of the coroutine at thread_idx while scopes are
   ** open in it (set by ah_open_scope; anchors.c calls it without knowing
   ** scope.c); 0 if none is open */
