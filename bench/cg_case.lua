@@ -21,8 +21,6 @@ local ah = require("async_hooks")
 local raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield }
 local co = variant == "raw" and raw or ah.coroutine
 local v = ah.AsyncLocal.new()
--- the floor cases' stand-in for v (an upvalue of the cases, as v is)
-local fv
 local VARIANTS = { raw = true, installed = true, value = true, hooks = true, hooks_res = true }
 assert(VARIANTS[variant], "unknown variant " .. tostring(variant))
 assert(n and n >= 1, "n must be a positive integer")
@@ -103,13 +101,12 @@ end
 -- the value read back.  Requests run one after another, in batches of 10.
 -- request_coro, request_sleep and request_read do one part each (the
 -- coroutine and its value always), to split the cost up.
--- fwrap: the floor's coroutine.wrap (request_floor: its local fv is set)
-local function request(sleep, read, fwrap)
+local function request(sleep, read)
   local app = require("app")
   local fd = app.data_fd(64)
-  local wrap = fwrap or variant == "raw" and coroutine.wrap or ah.coroutine.wrap
-  local set = fwrap or variant == "value"
-  local lv = fwrap and fv or v
+  local wrap = variant == "raw" and coroutine.wrap or ah.coroutine.wrap
+  local set = variant == "value"
+  local lv = v
   local done, bad = 0, 0
   local function one(id)
     wrap(function()
@@ -231,136 +228,6 @@ function cases.call()
   local f = function() end
   for i = 1, n do f(i) end
   return "calls=" .. n
-end
-
---- fv: a floor's local made the way AsyncLocal.new makes v (the token at
--- [1], name and default, get as an own field added afterwards)
-local function floor_local(F, tok)
-  fv = setmetatable({ tok, name = "", default = nil }, { __name = "floor local" })
-  fv.get = F.get
-  return fv
-end
-
---- Floors (bench/floor.c, bench/README.md "Floors"): the cheapest code that
--- still does a row's operation correctly, run as the row's own case under
--- variant "raw" (the library loaded, not installed).  Each checks that its
--- floor did the work (and refuses what a correct implementation must tell
--- apart).  Returns a new floor state (the main thread holds its slot).
-local function new_floor()
-  assert(variant == "raw", "floors run under variant raw")
-  local U = require("util")
-  local so, f = U.FLOOR_SO, io.open(U.FLOOR_SO)
-  if f then f:close() else so = assert(U.build_floor()) end
-  return assert(package.loadlib(so, "luaopen_floor"))().new()
-end
-
---- timer_chain with the floor of the luv integration, nothing set: `start`
--- (and uv.timer_start) a wrapper that checks that nothing is set and calls
--- luv's function at once; luv's cb_pcall one that checks the same, runs
--- luv's own in the root context and restores.
-function cases.timer_chain_floor()
-  local F = new_floor()
-  local index = debug.getregistry().uv_timer.__index
-  assert(index.start == uv.timer_start)
-  local start = F.wrap(uv.timer_start)
-  index.start, uv.timer_start = start, start
-  F.luv_attach()
-  cases.timer_chain()
-  local wrapped, pcalls, slow = F.counts()
-  assert(wrapped == n and pcalls == n and slow == 0,
-    ("floor: %d wrapper calls, %d fast and %d slow callbacks for %d steps"):format(wrapped, pcalls, slow, n))
-  -- a registration made with a value set is not the floor's to make
-  F.set(F.token(), 1)
-  local ok, err = pcall(start, uv.new_timer(), 0, 0, function() end)
-  assert(not ok and err:match("untracked path"), "floor wrapper checked the frame")
-  return "steps=" .. n .. " (floor)"
-end
-
---- switch with the floor of a resume: lcorolib's resume, the state pointer
--- and the check that the coroutine's slot is its own; the coroutine reads
--- the value set outside it through the floor's get.
-function cases.switch_floor()
-  local F = new_floor()
-  local tok = F.token()
-  F.set(tok, 1) -- the value set around the case (the row's variant "value")
-  floor_local(F, tok)
-  local seen = "unset"
-  local c = coroutine.create(function()
-    local y = coroutine.yield
-    seen = fv:get()
-    while true do y() end
-  end)
-  F.bind(c) -- what the library's create does: a slot, the creator's frame
-  local resume = F.resume
-  for _ = 1, n do resume(c) end
-  assert(seen == 1, ("coroutine saw %s, expected 1"):format(tostring(seen)))
-  local ok, err = pcall(resume, coroutine.create(function() end))
-  assert(not ok and err:match("not its own"), "floor resume checked the slot")
-  return "round trips=" .. n .. " (floor)"
-end
-
---- request with the floor of the whole path (the AsyncLocal HTTP row
--- without its socket): the floor's wrap (a slot of its own, ids, the
--- creator's frame; the slot given back at the end), resume (the same, for
--- await), set and get on a floor local, and luv's timer start and fs_read
--- behind the floor's tracking wrapper: with a frame set, the callback
--- becomes a C closure over (callback, frame, asyncId, trigger, F).
--- request_floor runs those callbacks the way the library must (luv calls
--- the user's function itself, so that an error's traceback is luv's own;
--- the frame kept on the stack, the running capture in R[s] for a resource
--- made lazily), inside the floor's uv.run; request_floor_light lets luv
--- call the closure, which calls the callback (one C frame more in a
--- traceback, no lazy resource): cheaper than a correct implementation can
--- be, for the record.
-local function request_floor(faithful)
-  local F = new_floor()
-  floor_local(F, F.token())
-  fv.set = F.lset
-  local index = debug.getregistry().uv_timer.__index
-  assert(index.start == uv.timer_start)
-  local start, read = F.track(uv.timer_start, 4), F.track(uv.fs_read, 4)
-  index.start, uv.timer_start, uv.fs_read = start, start, read
-  coroutine.resume = F.resume -- await's
-  F.luv_attach(faithful)
-  if faithful then uv.run = F.wrap_run(uv.run) end
-  local detail = request(true, true, F.wrapco)
-  local wrapped, pcalls, slow, tracked, entered, direct = F.counts()
-  assert(tracked == 2 * n and entered == 2 * n and slow == 0 and pcalls >= 2 * n and
-    direct == (faithful and 2 * n or 0),
-    ("floor: %d tracked, %d entered (%d by luv directly), %d fast and %d slow callbacks for %d requests")
-      :format(tracked, entered, direct, pcalls, slow, n))
-  -- a callback runs in the context of its registration, the loop in none;
-  -- an error in it leaves the loop's context clean
-  local seen = "unset"
-  F.wrapco(function()
-    fv:set(7)
-    local t = uv.new_timer()
-    t:start(0, 0, function() seen = fv:get(); t:close() end)
-  end)()
-  uv.run()
-  local after = fv:get()
-  assert(seen == 7 and after == nil and wrapped >= 0,
-    ("floor callback saw %s, the loop %s"):format(tostring(seen), tostring(after)))
-  return detail .. (faithful and " (floor)" or " (light floor)")
-end
-function cases.request_floor() return request_floor(true) end
-function cases.request_floor_light() return request_floor(false) end
-
---- get with the floor of a C get: self's type, the state pointer, the
--- running thread's slot checked, F[slot], self[1], frame[token].  The
--- object has get as an own field, as an AsyncLocal has.
-function cases.get_floor()
-  local F = new_floor()
-  local tok = F.token()
-  F.set(tok, 1)
-  floor_local(F, tok)
-  local x
-  for _ = 1, n do x = fv:get() end
-  assert(x == 1)
-  assert(not pcall(F.get, 1), "floor get checked self")
-  local ok, err = coroutine.resume(coroutine.create(function() return fv:get() end))
-  assert(not ok and err:match("not its own"), "floor get checked the slot")
-  return "calls=" .. n .. " (floor)"
 end
 
 local fn = assert(cases[case], "unknown case " .. tostring(case))

@@ -1,16 +1,17 @@
---- The HTTP rows: the coroutine-per-request server (a 0 ms timer, a file
--- read, the answer; bench/http_server.lua) without tracking, with an
--- AsyncLocal set per request, and with four empty hooks; Node's twin
--- (bench/node_server.js: none, AsyncLocalStorage, empty hooks) in the same
--- run, and the AsyncLocal row's measured floor (bench/floor.c in place of
--- the library: http_server.lua's "floor").  All seven servers run at once,
+--- The HTTP rows: the coroutine-per-request server (bench/http_server.lua:
+-- one `set`, a 0 ms timer, fs_open -> fs_read -> fs_close, one `get`, the
+-- answer) without the library, with an AsyncLocal, with the AsyncLocal and
+-- four hooks that count events, and with four empty hooks; Node's twin
+-- (bench/node_server.js: none, AsyncLocalStorage, the same with counting
+-- hooks, empty hooks) in the same run.  All eight servers run at once,
 -- pinned to CPU 0 (idle but one); wrk runs pinned to CPU 1, against each
 -- server in turn, BENCH_HTTP_ROUNDS (11) rounds of BENCH_HTTP_SECONDS (1)
--- each after a 1 s warm-up, the order reversed every other round.  A ratio is taken inside one round (paired);
--- the rows report the median of the paired ratios.  Every server checks each
--- response's context against its own request; a mismatch fails the row.
--- Each paired ratio is also printed from the server's CPU time per request
--- (/proc/<pid>/stat), which moves less when other work shares the machine.
+-- each after a 1 s warm-up, the order reversed every other round.  A ratio
+-- and an added time per request are taken inside one round (paired); the
+-- rows report the medians.  Every server checks each response's context
+-- against its own request; a mismatch fails the row.  Each figure is also
+-- taken from the server's CPU time per request (/proc/<pid>/stat), which
+-- moves less when other work shares the machine.
 local U = require("util")
 
 local M = {}
@@ -102,64 +103,81 @@ local function median(t)
   return (s[#s // 2] + s[#s // 2 + 1]) / 2
 end
 
+-- clock ticks per second of /proc/<pid>/stat
+local HZ = 100
+do
+  local p = io.popen("getconf CLK_TCK 2>/dev/null")
+  HZ = tonumber(p:read("a")) or HZ
+  p:close()
+end
+
+-- the servers: {name, language, context, the row it is paired in}
+local LUA_CTX = { "none", "asynclocal", "counting", "hooks" }
+local NODE_CTX = { "none", "als", "counting", "hooks" }
+-- the rows: the tracked server over the untracked one, Lua and Node
+local PAIRS = {
+  { key = "als", lua = "lua asynclocal", node = "node als", what = "AsyncLocal" },
+  { key = "counting", lua = "lua counting", node = "node counting", what = "AsyncLocal + 4 counting hooks" },
+  { key = "hooks", lua = "lua hooks", node = "node hooks", what = "4 empty hooks" },
+}
+
 function M.run()
   if not have("wrk") then error("wrk is not installed (apt-get install wrk)", 0) end
   local pinned = have("taskset")
   local spin = pinned and "taskset -c 0 " or ""
   local cpin = pinned and "taskset -c 1 " or ""
   local configs = {}
-  -- "floor": the AsyncLocal row's measured floor (bench/floor.c in place
-  -- of the library), built once here before the servers start
-  local floor = U.build_floor()
-  for _, ctx in ipairs { "none", "asynclocal", "hooks", floor and "floor" or nil } do
-    configs[#configs + 1] = { name = "lua " .. ctx, lang = "lua", ctx = ctx,
+  for _, ctx in ipairs(LUA_CTX) do
+    configs[#configs + 1] = { name = "lua " .. ctx, ctx = ctx,
       cmd = ("%s bench/http_server.lua coroutines %s %d"):format(U.LUA, ctx, TIMER_MS) }
   end
   local node = have("node")
   if node then
-    for _, ctx in ipairs { "none", "als", "hooks" } do
-      configs[#configs + 1] = { name = "node " .. ctx, lang = "node", ctx = ctx,
+    for _, ctx in ipairs(NODE_CTX) do
+      configs[#configs + 1] = { name = "node " .. ctx, ctx = ctx,
         cmd = ("node bench/node_server.js %s %d"):format(ctx, TIMER_MS) }
     end
   end
-  local by, rounds = {}, {}
-  for _, c in ipairs(configs) do by[c.name] = c end
-  U.header(("HTTP: coroutine per request (0 ms timer + fs read), wrk -t1 -c%d, %d rounds of %d s, %s")
-    :format(CONNS, ROUNDS, SECONDS, pinned and "servers on CPU 0, wrk on CPU 1" or "NOT pinned (no taskset)"))
+  local by = {}
+  for _, c in ipairs(configs) do by[c.name] = c; c.ratios, c.cpu, c.us, c.cpu_us = {}, {}, {}, {} end
+  U.header(("HTTP: coroutine per request (set, 0 ms timer, fs open/read/close, get), wrk -t1 -c%d,"
+    .. " %d rounds of %d s, %s"):format(CONNS, ROUNDS, SECONDS,
+      pinned and "servers on CPU 0, wrk on CPU 1" or "NOT pinned (no taskset)"))
   local ok, err = pcall(function()
     for _, c in ipairs(configs) do start(c, spin) end
     for _, c in ipairs(configs) do load(c, 1, cpin) end -- warm-up (Node's JIT, the library's tables)
     local head = { "round" }
     for _, c in ipairs(configs) do head[#head + 1] = c.name end
-    print("| " .. table.concat(head, " | ") .. " | lua asynclocal/none | lua hooks/none |"
-      .. (floor and " lua floor/none |" or "") .. (node and " node als/none | node hooks/none |" or ""))
-    print("|" .. ("---|"):rep(#head + (node and 4 or 2) + (floor and 1 or 0)))
+    for _, p in ipairs(PAIRS) do
+      head[#head + 1] = p.lua .. "/none"
+      if node then head[#head + 1] = p.node .. "/none" end
+    end
+    print("| " .. table.concat(head, " | ") .. " |")
+    print("|" .. ("---|"):rep(#head))
     for r = 1, ROUNDS do
       local rps, cpu = {}, {}
-      rounds[r] = rps
       for i = 1, #configs do
         local c = configs[r % 2 == 1 and i or #configs + 1 - i]
         rps[c.name], cpu[c.name] = load(c, SECONDS, cpin)
       end
       local function pair(a, b)
         local x = rps[b] > 0 and rps[a] / rps[b] or 0
-        by[a].ratios = by[a].ratios or {}
         table.insert(by[a].ratios, x)
-        -- the same ratio from the server's CPU time per request: less
-        -- sensitive to what else runs on the machine
-        by[a].cpu = by[a].cpu or {}
+        if rps[a] > 0 and rps[b] > 0 then table.insert(by[a].us, 1e6 / rps[a] - 1e6 / rps[b]) end
+        -- the same from the server's CPU time per request: less sensitive
+        -- to what else runs on the machine (ticks per 1000 requests)
         local y = cpu[a] and cpu[b] and cpu[a] > 0 and cpu[b] / cpu[a]
-        if y then table.insert(by[a].cpu, y) end
+        if y then
+          table.insert(by[a].cpu, y)
+          table.insert(by[a].cpu_us, (cpu[a] - cpu[b]) * 1000 / HZ)
+        end
         return ("%.3f%s"):format(x, y and (" (cpu %.3f)"):format(y) or "")
       end
       local cells = { tostring(r) }
       for _, c in ipairs(configs) do cells[#cells + 1] = ("%.0f"):format(rps[c.name]) end
-      cells[#cells + 1] = pair("lua asynclocal", "lua none")
-      cells[#cells + 1] = pair("lua hooks", "lua none")
-      if floor then cells[#cells + 1] = pair("lua floor", "lua none") end
-      if node then
-        cells[#cells + 1] = pair("node als", "node none")
-        cells[#cells + 1] = pair("node hooks", "node none")
+      for _, p in ipairs(PAIRS) do
+        cells[#cells + 1] = pair(p.lua, "lua none")
+        if node then cells[#cells + 1] = pair(p.node, "node none") end
       end
       print("| " .. table.concat(cells, " | ") .. " |")
     end
@@ -168,108 +186,76 @@ function M.run()
   if not ok then error(err, 0) end
   for _, c in ipairs(configs) do
     if c.errors then print(("  (%s: wrk reported %s)"):format(c.name, c.errors)) end
-    if c.ctx == "floor" and not ((c.stats or ""):match("floor_tracked=[1-9]") and
-        (c.stats or ""):match("floor_direct=[1-9]") and (c.stats or ""):match("floor_slow=0")) then
-      print("  (lua floor: it tracked no registration, or did not run them itself: not a floor)")
-      c.mismatches = c.mismatches ~= 0 and c.mismatches or -1
-    end
     if c.mismatches ~= 0 then
       print(("  (%s: %s responses with a wrong context)"):format(c.name,
         c.mismatches < 0 and "no statistics, unknown" or tostring(c.mismatches)))
     end
+    if c.ctx == "counting" and not (c.stats or ""):match("events=[1-9]") then
+      print(("  (%s: its hooks counted no event)"):format(c.name))
+      c.mismatches = c.mismatches ~= 0 and c.mismatches or -1
+    end
   end
-  local als, hooks = median(by["lua asynclocal"].ratios), median(by["lua hooks"].ratios)
-  local nals = node and median(by["node als"].ratios)
-  local nhooks = node and median(by["node hooks"].ratios)
-  print(("  medians of the paired ratios: Lua AsyncLocal %.3f, Lua 4 empty hooks %.3f%s"):format(als, hooks,
-    node and (", Node AsyncLocalStorage %.3f, Node empty hooks %.3f"):format(nals, nhooks) or " (node not installed)"))
-  local function cpu_median(name) return by[name] and #(by[name].cpu or {}) > 0 and median(by[name].cpu) end
-  if cpu_median("lua asynclocal") then
-    print(("  the same from server CPU time per request (none / x): Lua AsyncLocal %.3f, Lua 4 empty hooks %.3f%s")
-      :format(cpu_median("lua asynclocal"), cpu_median("lua hooks"), node and cpu_median("node als")
-        and (", Node AsyncLocalStorage %.3f, Node empty hooks %.3f"):format(cpu_median("node als"),
-          cpu_median("node hooks")) or ""))
+  local function med(name, field)
+    local c = by[name]
+    return c and #c[field] > 0 and median(c[field]) or nil
+  end
+  -- the figures of one server: ratio, CPU ratio, added µs, added CPU µs
+  local function fig(name)
+    return { r = med(name, "ratios"), c = med(name, "cpu"), us = med(name, "us"), cus = med(name, "cpu_us") }
+  end
+  local function cell(f)
+    if not f.r then return "not measured" end
+    return ("%.3fx%s, %+.2f µs%s"):format(f.r, f.c and (" (cpu %.3fx)"):format(f.c) or "", f.us or 0,
+      f.cus and (" (cpu %+.2f µs)"):format(f.cus) or "")
+  end
+  print("  medians of the paired figures (tracked / none; added time per request over none):")
+  local figs = {}
+  for _, p in ipairs(PAIRS) do
+    figs[p.key] = { lua = fig(p.lua), node = node and fig(p.node) or {} }
+    print(("  - %s: Lua %s; Node %s"):format(p.what, cell(figs[p.key].lua), cell(figs[p.key].node)))
   end
   -- how precise the paired ratios are: their geometric mean and its
-  -- standard error over the rounds, and the library against its floor
-  -- paired in the same rounds (what the floor rule compares)
+  -- standard error over the rounds
   do
-    local function spread(a, b)
-      local t = {}
-      for _, rps in ipairs(rounds) do
-        if (rps[a] or 0) > 0 and (rps[b] or 0) > 0 then t[#t + 1] = rps[a] / rps[b] end
-      end
-      local g, se = geo_se(t)
-      return g and ("%s / %s %.3f +- %.1f %%"):format(a, b, g, se * 100)
-    end
     local notes = {}
-    for _, p in ipairs { { "lua asynclocal", "lua none" }, { "lua floor", "lua none" },
-                         { "lua asynclocal", "lua floor" }, { "lua hooks", "lua none" } } do
-      notes[#notes + 1] = by[p[1]] and by[p[2]] and spread(p[1], p[2]) or nil
+    for _, p in ipairs(PAIRS) do
+      for _, name in ipairs { p.lua, p.node } do
+        local g, se = geo_se(by[name] and by[name].ratios or {})
+        if g then notes[#notes + 1] = ("%s %.3f +- %.1f %%"):format(name, g, se * 100) end
+      end
     end
     if #notes > 0 then
       print("  geometric means of the paired ratios +- their standard error: " .. table.concat(notes, ", "))
     end
   end
-  local clean = function(c) return c.mismatches == 0 end
-  -- a target counts as met when the throughput ratio meets it and so does
-  -- the CPU-time ratio (where /proc gave one): on a shared machine the
+  local clean = function(name) return by[name].mismatches == 0 end
+  -- a bound counts as met when the throughput figure meets it and so does
+  -- the CPU-time figure (where /proc gave one): on a shared machine the
   -- throughput alone can pass by luck
-  local function meets(name, x, bound)
-    local c = cpu_median(name)
-    return x >= bound and (not c or c >= bound)
+  local function at_least(f, bound, cbound)
+    return f.r >= bound and (not (f.c and cbound) or f.c >= cbound)
   end
-  local function beats_node()
-    if not node then return true end
-    local c, nc = cpu_median("lua asynclocal"), cpu_median("node als")
-    return als >= nals and (not (c and nc) or c >= nc)
+  local function us_below(f, n)
+    if not n.us then return true end
+    return f.us <= n.us and (not (f.cus and n.cus) or f.cus <= n.cus)
   end
-  local function cell(name, x)
-    local c = cpu_median(name)
-    return ("%.3fx%s"):format(x, c and (" (cpu %.3fx)"):format(c) or "")
-  end
-  -- the floor rule (as bench/instructions.lua applies it), for
-  -- each half of the target on its own: a half the floor meets (by
-  -- throughput and by CPU time), the row must meet too; a half the floor
-  -- misses, the row may miss within 5 % of the floor (by both)
-  local fl = floor and clean(by["lua floor"]) and median(by["lua floor"].ratios)
-  local fc = fl and cpu_median("lua floor")
-  local ac = cpu_median("lua asynclocal")
-  local near_floor = fl and als >= fl / 1.05 and (not (ac and fc) or ac >= fc / 1.05)
-  local function half(met, floor_meets)
-    if met then return true, "met" end
-    if not fl then return false, "missed" end
-    if floor_meets then return false, "missed (the floor meets it)" end
-    return near_floor, near_floor and "ok by the floor rule" or "missed (> 5 % below the floor)"
-  end
-  local als_ok
-  local als_note = ""
-  do
-    local ok1, why1 = half(meets("lua asynclocal", als, 0.95), fl and meets("lua floor", fl, 0.95))
-    local ok2, why2 = true, "met"
-    if node then
-      local nc = cpu_median("node als")
-      local floor_beats = fl and fl >= nals and (not (fc and nc) or fc >= nc)
-      ok2, why2 = half(beats_node(), floor_beats)
-    end
-    als_ok = ok1 and ok2
-    if fl then
-      print(("  the floor (bench/floor.c): %.3f%s"):format(fl, fc and (" (cpu %.3f)"):format(fc) or ""))
-      als_note = ("; floor %s; >= 0.95x: %s; >= Node: %s"):format(cell("lua floor", fl), why1, why2)
-    elseif floor then
-      print("  (the floor server failed its checks: no floor)")
-    end
-  end
+  local a, ca, h = figs.als, figs.counting, figs.hooks
+  local als_half1 = at_least(a.lua, 0.95, 0.95)
+  local als_half2 = not node or at_least(a.lua, a.node.r, a.node.c)
+  local als_half3 = us_below(a.lua, a.node)
+  local function word(x) return x and "met" or "missed" end
   return {
-    { path = "HTTP, coroutine per request (fs read + 0 ms timer), AsyncLocal set per request vs no tracking",
-      value = ("%s; Node ALS %s%s"):format(cell("lua asynclocal", als),
-        node and cell("node als", nals) or "not measured", als_note),
-      target = ">= 0.95x and >= Node's ALS ratio",
-      ok = als_ok and clean(by["lua asynclocal"]) },
+    { path = "HTTP, coroutine per request (set, 0 ms timer, fs open/read/close, get), AsyncLocal vs no tracking",
+      value = ("%s; Node ALS %s"):format(cell(a.lua), cell(a.node)),
+      target = (">= 0.95x (%s), >= Node's ratio (%s), added µs <= Node's (%s)"):format(word(als_half1),
+        word(als_half2), word(als_half3)),
+      ok = als_half1 and als_half2 and als_half3 and clean("lua asynclocal") },
+    { path = "same, AsyncLocal + 4 counting hooks vs no tracking",
+      value = ("%s; Node ALS + counting hooks %s"):format(cell(ca.lua), cell(ca.node)),
+      target = "added µs <= Node's", ok = us_below(ca.lua, ca.node) and clean("lua counting") },
     { path = "same, 4 empty hooks vs no tracking",
-      value = ("%s; Node hooks %s"):format(cell("lua hooks", hooks),
-        node and cell("node hooks", nhooks) or "not measured"),
-      target = ">= 0.88x", ok = meets("lua hooks", hooks, 0.88) and clean(by["lua hooks"]) },
+      value = ("%s; Node hooks %s"):format(cell(h.lua), cell(h.node)),
+      target = ">= 0.88x", ok = at_least(h.lua, 0.88, 0.88) and clean("lua hooks") },
   }
 end
 

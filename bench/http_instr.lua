@@ -1,82 +1,138 @@
---- User-space instructions per HTTP request (callgrind), the same server
--- as the HTTP rows (bench/http_server.lua coroutines <ctx> 0): each
--- configuration is served twice under callgrind, for BENCH_HTTPI_SHORT (1)
--- and BENCH_HTTPI_LONG (4) seconds of wrk with BENCH_HTTPI_CONNS (50, as
--- in the HTTP rows) connections; the figure is the difference of
--- the two counts divided by the difference of the requests served (the
--- server counts them), so start-up, connection set-up and shutdown cancel.
--- Kernel time (TCP, epoll), which tracking does not change, is not in these
--- counts, so the ratios are lower than the throughput ratios.  No target:
--- a steady figure to iterate on while wall-clock is noisy.
--- BENCH_HTTPI_SERVERS="none,asynclocal" measures only those servers.
+--- Instructions per HTTP request (callgrind), on the issue's request
+-- shape (bench/http_server.lua coroutines <ctx> 0 <count>: a coroutine per
+-- request, one `set`, a 0 ms timer, fs_open -> fs_read -> fs_close, one
+-- `get`, the answer).  bench/http_client.lua sends an exact number of
+-- requests over BENCH_HTTPI_CONNS (50) keep-alive connections; the server
+-- stops after that many.  Each figure is
+-- (count(N2) - count(N1)) / (N2 - N1), so start-up, connection set-up and
+-- shutdown cancel, the median of BENCH_REPEAT measurements, each in fresh
+-- processes.  User space only (callgrind): the kernel's TCP and epoll work,
+-- which tracking does not change, is not in these counts.
+-- Configurations: none (no library), asynclocal, counting (the AsyncLocal
+-- and four hooks that count events), and pieces: a pure-Lua stand-in
+-- without the library for what no implementation can avoid on this shape
+-- (a new weak frame per `set`, kept for the request's life, with its GC,
+-- and the two calls), so the distance to the real floor is printed.
 local U = require("util")
 
 local M = {}
 
-local SHORT = tonumber(os.getenv("BENCH_HTTPI_SHORT")) or 1
-local LONG = tonumber(os.getenv("BENCH_HTTPI_LONG")) or 4
+local N1 = math.max(1, math.floor((tonumber(os.getenv("BENCH_HTTPI_N1")) or 1000) * U.SCALE))
+local N2 = math.max(N1 + 1, math.floor((tonumber(os.getenv("BENCH_HTTPI_N2")) or 5000) * U.SCALE))
 -- connections: how many requests are in flight changes what the collector
--- finds alive at each cycle (the library's deferred anchors)
+-- finds alive at each cycle
 local CONNS = tonumber(os.getenv("BENCH_HTTPI_CONNS")) or 50
-local SERVERS = os.getenv("BENCH_HTTPI_SERVERS")
+local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 2
+local REPEAT = math.max(1, tonumber(os.getenv("BENCH_REPEAT")) or 3)
+
+--- The targets (instructions added per request), from the issue.
+M.TARGET_ALS = 6500 -- an AsyncLocal over no library
+M.TARGET_HOOKS = 9000 -- four counting hooks over the AsyncLocal
 
 local read_file = U.read_file
 
---- one callgrind run: instructions and requests served
-local function run(ctx, seconds)
-  local out = os.tmpname()
-  os.execute(("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/http_server.lua coroutines %s 0"
-    .. " > %s 2>&1 & echo $! > %s.pid"):format(U.LUA, ctx, out, out))
+--- start one callgrind run of the server for `count` requests; returns a
+-- job to finish with `finish`
+local function start(ctx, count)
+  local j = { ctx = ctx, count = count, out = os.tmpname() }
+  os.execute(("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/http_server.lua coroutines %s 0 %d"
+    .. " > %s 2>&1 &"):format(U.LUA, ctx, count, j.out))
+  return j
+end
+
+--- wait for the server's port, send its requests, read its count
+local function finish(j)
   local port
-  for _ = 1, 600 do
-    port = read_file(out):match("PORT (%d+)")
+  for _ = 1, 1200 do
+    port = read_file(j.out):match("PORT (%d+)")
     if port then break end
     os.execute("sleep 0.05")
   end
-  local pid = read_file(out .. ".pid"):match("%d+")
+  local client = ""
   if port then
-    local w = io.popen(("wrk -t1 -c%d --timeout 10s -d%ds http://127.0.0.1:%s/ 2>&1"):format(CONNS, seconds, port))
-    w:read("a")
-    w:close()
+    local p = io.popen(("%s bench/http_client.lua %s %d %d 2>&1"):format(U.LUA, port, j.count, CONNS))
+    client = p:read("a")
+    p:close()
   end
-  if pid then os.execute("kill " .. pid .. " 2>/dev/null") end
   local s
-  for _ = 1, 600 do
-    s = read_file(out)
+  for _ = 1, 1200 do
+    s = read_file(j.out)
     if s:match("Collected : %d+") then break end
     os.execute("sleep 0.05")
   end
-  os.remove(out)
-  os.remove(out .. ".pid")
+  os.remove(j.out)
   local ins, served = tonumber(s:match("Collected : (%d+)")), tonumber(s:match("served=(%d+)"))
-  local mism = tonumber(s:match("mismatches=(%d+)"))
-  if not (port and ins and served) then error(("server %s under callgrind failed:\n%s"):format(ctx, s), 0) end
-  if mism ~= 0 then error(("server %s: %d responses with a wrong context"):format(ctx, mism), 0) end
-  return ins, served
+  local mism, events = tonumber(s:match("mismatches=(%d+)")), tonumber(s:match("events=(%d+)"))
+  if not (port and ins and served == j.count and client:match("DONE " .. j.count)) then
+    error(("server %s under callgrind failed:\n%s\n%s"):format(j.ctx, s, client), 0)
+  end
+  if mism ~= 0 then error(("server %s: %d responses with a wrong context"):format(j.ctx, mism), 0) end
+  return ins, events
 end
 
+--- instructions per request of each configuration (the median of REPEAT)
+-- and the counting hooks' events per request
+function M.measure(ctxs)
+  local jobs = {}
+  for rep = 1, REPEAT do
+    for _, ctx in ipairs(ctxs) do
+      jobs[#jobs + 1] = { ctx = ctx, count = N1, rep = rep }
+      jobs[#jobs + 1] = { ctx = ctx, count = N2, rep = rep }
+    end
+  end
+  local counts = {}
+  for first = 1, #jobs, JOBS do
+    local running = {}
+    for i = first, math.min(#jobs, first + JOBS - 1) do
+      running[#running + 1] = { spec = jobs[i], j = start(jobs[i].ctx, jobs[i].count) }
+    end
+    for _, r in ipairs(running) do
+      local ins, events = finish(r.j)
+      local c = counts[r.spec.ctx] or {}
+      counts[r.spec.ctx] = c
+      c[r.spec.rep] = c[r.spec.rep] or {}
+      c[r.spec.rep][r.spec.count] = { ins = ins, events = events }
+    end
+  end
+  local per = {}
+  for ctx, c in pairs(counts) do
+    local each = {}
+    for rep = 1, REPEAT do each[rep] = (c[rep][N2].ins - c[rep][N1].ins) / (N2 - N1) end
+    table.sort(each)
+    per[ctx] = { ins = each[(REPEAT + 1) // 2], lo = each[1], hi = each[REPEAT],
+      events = (c[1][N2].events - c[1][N1].events) / (N2 - N1) }
+  end
+  return per
+end
+
+local function k(x) return ("%.1fk"):format(x / 1000) end
+local function plus(x) return (x >= 0 and "+" or "") .. k(x) end
+
 function M.run()
-  if not os.execute("command -v wrk >/dev/null 2>&1") then error("wrk is not installed", 0) end
-  U.header(("HTTP user-space instructions per request (callgrind; %d s - %d s of wrk -c%d; no target)")
-    :format(LONG, SHORT, CONNS))
-  print("| server | instructions per request | ratio to none | requests (short / long) |")
-  print("|---|---|---|---|")
-  local base
-  -- "floor": the AsyncLocal row's measured floor (bench/floor.c)
-  local floor = U.build_floor()
-  local servers = { "none", "asynclocal", "hooks", floor and "floor" or nil, floor and "floor_light" or nil }
-  if SERVERS then
-    servers = {}
-    for name in SERVERS:gmatch("[^,%s]+") do servers[#servers + 1] = name end
+  U.header(("instructions per HTTP request (callgrind; (count(%d) - count(%d)) / %d requests, %d connections,"
+    .. " median of %d)"):format(N2, N1, N2 - N1, CONNS, REPEAT))
+  local per = M.measure { "none", "asynclocal", "counting", "pieces" }
+  local none, als, cnt, pcs = per.none, per.asynclocal, per.counting, per.pieces
+  print("| per request | instructions | added | range of the measurements | target |")
+  print("|---|---|---|---|---|")
+  local function line(name, p, base, target)
+    print(("| %s | %s | %s | %s–%s | %s |"):format(name, k(p.ins), base and plus(p.ins - base.ins) or "-",
+      k(p.lo), k(p.hi), target or "-"))
   end
-  for _, ctx in ipairs(servers) do
-    local i1, n1 = run(ctx, SHORT)
-    local i2, n2 = run(ctx, LONG)
-    local per = (i2 - i1) / (n2 - n1)
-    base = base or per
-    print(("| coroutine per request, %s | %.0f | %.3fx | %d / %d |"):format(ctx, per, per / base, n1, n2))
-  end
-  return {}
+  line("no library", none)
+  line("an AsyncLocal (over no library)", als, none, ("<= +%s"):format(k(M.TARGET_ALS)))
+  line(("the AsyncLocal + four counting hooks (over the AsyncLocal; %.1f events per request)"):format(cnt.events),
+    cnt, als, ("<= +%s"):format(k(M.TARGET_HOOKS)))
+  line("the physical pieces: a new weak frame per `set` and two calls, in pure Lua (over no library)", pcs, none)
+  local added, floor = als.ins - none.ins, pcs.ins - none.ins
+  print(("  the AsyncLocal's distance to the physical pieces: %s per request (%.2fx of them)")
+    :format(plus(added - floor), added / floor))
+  return {
+    { path = "HTTP request (issue's shape), an AsyncLocal: instructions added per request over no library",
+      value = plus(added), target = "<= +" .. k(M.TARGET_ALS), ok = added <= M.TARGET_ALS },
+    { path = "same, four counting hooks: added over the AsyncLocal",
+      value = plus(cnt.ins - als.ins), target = "<= +" .. k(M.TARGET_HOOKS), ok = cnt.ins - als.ins <= M.TARGET_HOOKS },
+  }
 end
 
 return M

@@ -1,68 +1,62 @@
---- The benchmark server: per request a timer, one file read, and the
--- answer.  Usage:
---   lua5.4 bench/http_server.lua <callbacks|coroutines> <ctx> [timer ms]
--- ctx: none | asynclocal (a value set per request) | hooks (four empty hooks)
--- | resource (Node's async-resource pattern) | destroy (Node's destroy
--- pattern) | floor (the AsyncLocal row's measured floor: bench/floor.c, the
--- cheapest code that carries the value the same way, in place of the
--- library; see bench/README.md) | floor_light (the same, callbacks called
--- from the floor's closure: cheaper than correct, for the record).  The
--- timer is 1 ms unless given.  Prints "PORT <n>", then serves; on SIGTERM
--- prints "STATS served=<n> mismatches=<n>", where a mismatch is a response
--- whose context was not its own request's.
+--- The benchmark server.  Usage:
+--   lua5.4 bench/http_server.lua <callbacks|coroutines> <ctx> [timer ms] [count]
+-- coroutines (the measured shape): one coroutine per request, which sets
+-- its id (one `set`), sleeps on a new timer, opens, reads (512 bytes) and
+-- closes a file through luv's thread pool, reads its id back (one `get`)
+-- and writes the answer.  callbacks: a timer and one read of an open file,
+-- as nested callbacks.
+-- ctx: none (the library not loaded) | asynclocal (an AsyncLocal) |
+-- counting (the AsyncLocal and four hooks that count their events) | hooks
+-- (four empty hooks) | pieces (no library: a pure-Lua stand-in for what no
+-- implementation can avoid, a new weak frame per `set` kept for the
+-- request's life and the two calls) | resource (Node's async-resource
+-- pattern) | destroy (Node's destroy pattern).
+-- The timer is 1 ms unless given.  With a count, the server stops
+-- listening after that many answers and returns once its clients have
+-- gone (bench/http_client.lua sends an exact number).  Prints "PORT <n>";
+-- at the end (SIGTERM or the count) "STATS served=<n> mismatches=<n>
+-- events=<n>", where a mismatch is a response whose context was not its
+-- own request's and events counts the counting hooks' calls.
 package.path = "bench/?.lua;examples/?.lua;" .. package.path
 local style, ctx = arg[1] or "callbacks", arg[2] or "none"
 local ms = tonumber(arg[3]) or 1
+local count = tonumber(arg[4])
 local uv = require("luv")
 local ah, getid, setid
-local stats_extra = function() return "" end
-if ctx == "floor" or ctx == "floor_light" then
-  -- not the library: the floor's set/get on a local made as AsyncLocal.new
-  -- makes one, its coroutine.wrap and resume (a slot per coroutine, ids,
-  -- the creator's frame), its cb_pcall, and its wrapper on every
-  -- callback-taking luv function the server uses (a frame set: the
-  -- callback becomes a closure over it; else luv's function at once)
-  local U = require("util")
-  local F = assert(package.loadlib(assert(U.build_floor()), "luaopen_floor"))().new()
-  local fv = setmetatable({ F.token(), name = "", default = nil }, { __name = "floor local" })
-  fv.get, fv.set = F.get, F.lset
-  local reg = debug.getregistry()
-  for _, w in ipairs {
-    { "timer_start", 4, uv_timer = "start" }, { "signal_start", 3, uv_signal = "start" },
-    { "fs_read", 4 }, { "write", 3, uv_tcp = "write" }, { "read_start", 2, uv_tcp = "read_start" },
-    { "listen", 3, uv_tcp = "listen" },
-    { "close", 2, uv_tcp = "close", uv_timer = "close", uv_signal = "close" } } do
-    local name, pos = w[1], w[2]
-    local f = F.track(uv[name], pos)
-    for mt, method in pairs(w) do
-      if type(mt) == "string" then
-        local index = reg[mt].__index
-        assert(index[method] == uv[name], method)
-        index[method] = f
-      end
-    end
-    uv[name] = f
+local events = function() return 0 end
+if ctx == "pieces" then
+  -- the physical pieces without the library: set makes a new weak-keyed
+  -- frame and keeps it for the coroutine's life (a weak-keyed table by
+  -- thread, so nothing has to clear it); get finds it again.  Finding the
+  -- running thread's frame costs Lua a call and a lookup where C reads a
+  -- pointer: a little above the pieces, never below.
+  local WEAK = { __mode = "k" }
+  local frames = setmetatable({}, WEAK)
+  local running = coroutine.running
+  local sv = {}
+  function sv.set(self, value) frames[running()] = setmetatable({ [self] = value }, WEAK) end
+  function sv.get(self)
+    local f = frames[running()]
+    return f and f[self]
   end
-  coroutine.wrap, coroutine.resume = F.wrapco, F.resume
-  -- "floor": callbacks run as the library must run them (luv calls the
-  -- user's function itself, inside the floor's uv.run); "floor_light": luv
-  -- calls the floor's closure, which calls the callback (see bench/README.md)
-  F.luv_attach(ctx == "floor")
-  if ctx == "floor" then uv.run = F.wrap_run(uv.run) end
-  setid = function(id) fv:set(id) end
-  getid = function() return fv:get() end
-  -- the STATS line says how many registrations the floor tracked
-  stats_extra = function()
-    local _, _, slow, tracked, entered, direct = F.counts()
-    return (" floor_tracked=%d floor_entered=%d floor_direct=%d floor_slow=%d"):format(tracked, entered,
-      direct, slow)
-  end
+  setid = function(id) sv:set(id) end
+  getid = function() return sv:get() end
 elseif ctx ~= "none" then
   ah = require("async_hooks").install()
-  if ctx == "asynclocal" then
+  if ctx == "asynclocal" or ctx == "counting" then
     local v = ah.AsyncLocal.new()
     setid = function(id) v:set(id) end
     getid = function() return v:get() end
+    if ctx == "counting" then -- an APM's shape: hooks that do something
+      local inits, befores, afters, destroys = 0, 0, 0, 0
+      ah.createHook {
+        init = function() inits = inits + 1 end,
+        before = function() befores = befores + 1 end,
+        after = function() afters = afters + 1 end,
+        destroy = function() destroys = destroys + 1 end,
+      }:enable()
+      events = function() return inits + befores + afters + destroys end
+    end
   elseif ctx == "hooks" then
     ah.createHook { init = function() end, before = function() end,
       after = function() end, destroy = function() end }:enable()
@@ -85,9 +79,24 @@ elseif ctx ~= "none" then
 end
 local app = require("app")
 
-local fd = app.data_fd(512)
+-- the file every request opens (removed at the end)
+local path = os.tmpname()
+do
+  local f = assert(io.open(path, "w"))
+  f:write(("x"):rep(512))
+  f:close()
+end
+local fd = assert(uv.fs_open(path, "r", 420)) -- the callbacks style's
 
 local n, served, mismatches = 0, 0, 0
+local server, sig, reported
+local function stats()
+  if reported then return end
+  reported = true
+  os.remove(path)
+  io.stdout:write(("STATS served=%d mismatches=%d events=%d\n"):format(served, mismatches, events()))
+  io.stdout:flush()
+end
 -- every configuration sends the same answer: the request's id (read from
 -- the context where there is one, else the one the handler passed by hand),
 -- so that the ratios measure the tracking and nothing else
@@ -99,6 +108,10 @@ local function answer(respond, id, data)
   end
   served = served + 1
   respond(("%s %d\n"):format(tostring(got), #data))
+  if served == count then -- the loop ends once the clients have closed
+    server:close()
+    sig:close()
+  end
 end
 local handler
 if style == "callbacks" then
@@ -122,13 +135,16 @@ if style == "callbacks" then
     end
   end
 elseif style == "coroutines" then
+  local await = app.await
   handler = function(_, respond)
     n = n + 1
     local id = n
     coroutine.wrap(function()
       if setid then setid(id) end
       app.sleep(ms)
-      local _, data = app.await(function(k) uv.fs_read(fd, 512, 0, k) end)
+      local _, f = await(function(k) uv.fs_open(path, "r", 420, k) end)
+      local _, data = await(function(k) uv.fs_read(f, 512, 0, k) end)
+      await(function(k) uv.fs_close(f, k) end)
       answer(respond, id, data)
     end)()
   end
@@ -136,15 +152,15 @@ else
   error("unknown style " .. style)
 end
 
-local server, port = app.http_server(handler)
-io.stdout:write("PORT ", port, "\n")
+server = app.http_server(handler)
+io.stdout:write("PORT ", server:getsockname().port, "\n")
 io.stdout:flush()
-local sig = uv.new_signal()
+sig = uv.new_signal()
 sig:start("sigterm", function()
   sig:close()
   server:close()
-  io.stdout:write(("STATS served=%d mismatches=%d%s\n"):format(served, mismatches, stats_extra()))
-  io.stdout:flush()
+  stats()
   uv.stop()
 end)
 uv.run()
+stats()

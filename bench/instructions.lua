@@ -3,8 +3,7 @@
 -- (instructions at n + 1 - instructions at 1) / n, so start-up cancels out,
 -- the median of BENCH_REPEAT such measurements.  Every case runs in its own
 -- process (bench/cg_case.lua); BENCH_JOBS (2) processes run at once
--- (callgrind counts do not depend on the load).  Three rows also measure
--- their floor (bench/floor.c, see bench/README.md).
+-- (callgrind counts do not depend on the load).
 local U = require("util")
 
 local M = {}
@@ -18,27 +17,18 @@ local REPEAT = math.max(1, tonumber(os.getenv("BENCH_REPEAT")) or 3)
 local ONLY = os.getenv("BENCH_ONLY")
 
 --- The rows with their targets: {label, case, variant, baseline case,
--- baseline variant, target, floor = case}.  A row with a floor (its case
--- run under variant "raw": bench/floor.c, the cheapest correct code for the
--- operation; see bench/README.md) is also ok within FLOOR_SLACK of the
--- floor's ratio when the floor itself misses the target: a target no
--- correct code can reach is replaced by the measured floor.
+-- baseline variant, target}.
 M.ROWS = {
   { "luv 0 ms timer chain, value set (every registration tracked) vs raw luv",
     "timer_chain", "value", "timer_chain", "raw", 1.50 },
-  { "same chain, installed but nothing set (untracked)", "timer_chain", "installed", "timer_chain", "raw", 1.10,
-    floor = "timer_chain_floor" },
+  { "same chain, installed but nothing set (untracked)", "timer_chain", "installed", "timer_chain", "raw", 1.10 },
   { "same chain, 4 empty hooks enabled", "timer_chain", "hooks", "timer_chain", "raw", 3.50 },
-  { "resume/yield round trip, value set vs raw", "switch", "value", "switch", "raw", 1.03,
-    floor = "switch_floor" },
+  { "resume/yield round trip, value set vs raw", "switch", "value", "switch", "raw", 1.03 },
   { "create + run to completion vs raw", "lifecycle", "installed", "lifecycle", "raw", 1.25 },
   { "create + run to completion, value set vs raw", "lifecycle", "value", "lifecycle", "raw", 1.40 },
   { "`v:get()` vs a Lua method call returning a field (`obj:m()`, class method)",
-    "get", "installed", "method", "installed", 1.15, floor = "get_floor" },
+    "get", "installed", "method", "installed", 1.15 },
 }
-
---- How far above its floor's ratio a row may be and still count as ok.
-M.FLOOR_SLACK = 1.05
 
 --- Further rows without a target, printed for the record.
 M.INFO = {
@@ -67,10 +57,6 @@ M.INFO = {
     "request", "installed", "request", "raw" },
   { "the same, an AsyncLocal set per request (the HTTP AsyncLocal row's work)",
     "request", "value", "request", "raw" },
-  { "the same with the floor of that work (bench/floor.c: the HTTP AsyncLocal row's measured floor)",
-    "request_floor", "raw", "request", "raw" },
-  { "... and with a floor that lets luv call its closure (an extra C frame in tracebacks, no lazy resource)",
-    "request_floor_light", "raw", "request", "raw" },
   { "the HTTP request path without its socket, 4 empty hooks", "request", "hooks", "request", "raw" },
   { "the same, 4 hooks whose init takes its 4th parameter (the resource)", "request", "hooks_res", "request", "raw" },
   { "its parts, value set vs nothing set: the coroutine and set() alone",
@@ -83,8 +69,7 @@ M.INFO = {
 local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch = 50000, lifecycle = 10000,
   set_fresh = 10000, set_get = 10000,
   get = 100000, method = 100000, method_own = 100000, cfloor = 100000, run = 20000, call = 100000,
-  request = 2000, request_floor = 2000, request_floor_light = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000,
-  timer_chain_floor = 10000, switch_floor = 50000, get_floor = 100000 }
+  request = 2000, request_coro = 2000, request_sleep = 2000, request_read = 2000 }
 
 local function key(case, variant) return case .. "/" .. variant end
 
@@ -135,24 +120,6 @@ local function measure(pairs_)
   return per
 end
 
---- The verdict of a row with a target, and the text of its result.
--- @param ratio the row's ratio
--- @param target its target
--- @param fratio its floor's ratio (nil: no floor)
-local function judge(ratio, target, fratio)
-  if ratio <= target then return true, "ok" end
-  if not fratio then return false, "missed" end
-  if fratio <= target then
-    return false, ("missed (the floor, %.3fx, meets the target)"):format(fratio)
-  end
-  if ratio <= M.FLOOR_SLACK * fratio then
-    return true, ("ok (within %d%% of the measured floor: %.3fx)"):format(
-      math.floor((M.FLOOR_SLACK - 1) * 100 + 0.5), fratio)
-  end
-  return false, ("missed (%.1f%% above the measured floor: %.3fx)"):format((ratio / fratio - 1) * 100, fratio)
-end
-M.judge = judge
-
 --- Measure every row; returns the table rows for bench/run.lua and prints
 -- the raw counts.
 -- @tparam boolean info also measure the rows without a target
@@ -160,12 +127,9 @@ function M.run(info)
   local want, seen = {}, {}
   local lists = info and { M.ROWS, M.INFO } or { M.ROWS }
   local function wanted(row) return not ONLY or row[2]:match(ONLY) end
-  local floors = false
   for _, list in ipairs(lists) do
     for _, row in ipairs(list) do
       local ps = wanted(row) and { { row[2], row[3] }, { row[4], row[5] } } or {}
-      if wanted(row) and row.floor then ps[3] = { row.floor, "raw" }; floors = true end
-      if wanted(row) and row[2]:match("_floor$") then floors = true end
       for _, p in ipairs(ps) do
         if not seen[key(p[1], p[2])] then
           seen[key(p[1], p[2])] = true
@@ -174,40 +138,22 @@ function M.run(info)
       end
     end
   end
-  -- the floors' C module, built once here before the cases run in parallel
-  local nofloor
-  if floors then
-    local so, why = U.build_floor()
-    if not so then
-      nofloor = why
-      for i = #want, 1, -1 do
-        if want[i][1]:match("_floor$") then table.remove(want, i) end
-      end
-    end
-  end
   local per = measure(want)
   U.header("instructions per operation (callgrind, (count(n+1) - count(1)) / n)")
-  if nofloor then print(("(floors not measured: %s)"):format(nofloor)) end
-  print("| path | library | baseline | ratio | target | floor (bench/floor.c) | floor ratio | result |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("| path | library | baseline | ratio | target | result |")
+  print("|---|---|---|---|---|---|")
   local out = {}
   for _, list in ipairs(lists) do
     for _, row in ipairs(list) do
       local a, b = per[key(row[2], row[3])], per[key(row[4], row[5])]
-      if wanted(row) and not (a and b) then -- a floor case whose module did not build
-        print(("| %s | not measured | | | | | | |"):format(row[1]))
-      elseif wanted(row) then
-        local f = row.floor and per[key(row.floor, "raw")]
-        local ratio, fratio = a.ins / b.ins, f and f.ins / b.ins
+      if wanted(row) then
+        local ratio = a.ins / b.ins
         local target = row[6] and ("<= %.2fx"):format(row[6])
-        local ok, result
-        if row[6] then ok, result = judge(ratio, row[6], fratio) end
-        print(("| %s | %.0f | %.0f | %.3fx | %s | %s | %s | %s |"):format(row[1], a.ins, b.ins, ratio,
-          target or "-", f and ("%.0f"):format(f.ins) or (row.floor and "not measured" or "-"),
-          fratio and ("%.3fx"):format(fratio) or "-", result or "-"))
+        local ok = row[6] and ratio <= row[6]
+        print(("| %s | %.0f | %.0f | %.3fx | %s | %s |"):format(row[1], a.ins, b.ins, ratio,
+          target or "-", row[6] and (ok and "ok" or "missed") or "-"))
         if row[6] then
-          out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio),
-            target = fratio and ("%s (floor %.3fx)"):format(target, fratio) or target, ok = ok, result = result }
+          out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio), target = target, ok = ok }
         end
       end
     end

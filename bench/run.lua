@@ -1,9 +1,11 @@
 --- make bench: the table of rows, each with its target and ok/missed.
---   lua5.4 bench/run.lua            instructions, memory, HTTP rows, httpinstr
---   lua5.4 bench/run.lua instr      instruction rows only (make bench-instr)
---   lua5.4 bench/run.lua memory     memory rows only
---   lua5.4 bench/run.lua http       HTTP rows only
---   lua5.4 bench/run.lua httpinstr  instructions per HTTP request (no target)
+--   lua5.4 bench/run.lua                 instructions, memory, HTTP rows, httpinstr
+--   lua5.4 bench/run.lua instr httpinstr make bench-instr: the instruction rows
+--   lua5.4 bench/run.lua memory          memory rows only
+--   lua5.4 bench/run.lua http            HTTP rows only
+--   lua5.4 bench/run.lua httpinstr       instructions per HTTP request (fixed-count
+--                                        client; AsyncLocal, counting hooks, and the
+--                                        physical pieces)
 --   lua5.4 bench/run.lua micro      also: the older wall-clock benchmarks
 --                                   (micro, callbacks) by name
 -- Knobs: BENCH_SCALE (sizes), BENCH_JOBS (parallel callgrind runs),
@@ -41,7 +43,7 @@ for _, legacy in ipairs { "micro", "callbacks" } do
   part(legacy, function() require(legacy); return {} end)
 end
 
-U.header("issue 9: every row with its target")
+U.header("every row with its target")
 print("| path | measured | target | result |")
 print("|---|---|---|---|")
 local missed = 0

@@ -61,26 +61,6 @@ function U.read_file(path)
   return s
 end
 
---- The floor module (bench/floor.c; see bench/README.md, "Floors").
-U.FLOOR_SO = "build/bench/floor.so"
-
---- Build bench/floor.c into U.FLOOR_SO unless it is newer than its source,
--- with the library's compiler flags (CMakeLists.txt under the rockspec's
--- Release build), against the Lua 5.4 headers and without liblua.  Written
--- to a temporary name and renamed, so concurrent cases never load half a
--- file.  Returns the path, or nil and the reason.
-function U.build_floor()
-  local cmd = ("[ %s -nt bench/floor.c ] && exit 0; mkdir -p build/bench || exit 1;"
-    .. " cflags=$(pkg-config --cflags lua5.4 2>/dev/null) || cflags=-I/usr/include/lua5.4;"
-    .. " tmp=%s.$$; gcc -std=c99 -O2 -O3 -fPIC -shared -fvisibility=hidden -fno-plt -Wall -Wextra"
-    .. " $cflags bench/floor.c -o $tmp 2>&1 && mv -f $tmp %s || { rm -f $tmp; exit 1; }")
-    :format(U.FLOOR_SO, U.FLOOR_SO, U.FLOOR_SO)
-  local p = io.popen(cmd)
-  local out = p:read("a")
-  if not p:close() then return nil, "bench/floor.c not built: " .. (out:match("[^\n]+") or "gcc failed") end
-  return U.FLOOR_SO
-end
-
 --- Resident set size of this process, in KiB (0 where /proc is missing).
 function U.rss_kb()
   return tonumber(U.read_file("/proc/self/status"):match("VmRSS:%s*(%d+)")) or 0
