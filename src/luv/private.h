@@ -142,7 +142,8 @@ enum {
 ** luv calling it without the dispatch in front (after uninstall()) turns it
 ** into a record first.  Upvalues: */
 enum {
-  Q_CB = 1, Q_FRAME, Q_ID, Q_TRIG,
+  Q_CB = 1, Q_FRAME,
+  Q_IDS,  /* the asyncId and triggerAsyncId, one integer (ah_luv_q_pack) */
   Q_SPEC, /* the spec (its userdata: ah_luv_spec checks it) */
   Q_RES,  /* the resource once made (a table), else the handle (or nil) */
   Q_A1,   /* then, specs with named arguments: their values */
@@ -187,16 +188,35 @@ typedef char ah_run_mark_unique[RUN_NUP > W_NUP && RUN_NUP > RF_REC_N &&
 ** found (record.c) and kept across a re-arm (register.c). */
 enum { D_PRES = 1, D_PFRAME, D_RES, D_FRAME, D_NSAVED = D_FRAME };
 
+/* Q_IDS: the asyncId in the high bits, in the low AH_Q_TBITS the distance
+** back to the triggerAsyncId (0: the trigger is 0).  A registration whose
+** ids do not fit takes a record instead (register.c's track_q). */
+#define AH_Q_TBITS 21
+#define AH_Q_TMASK (((lua_Integer)1 << AH_Q_TBITS) - 1)
+#define AH_Q_IDMAX ((lua_Integer)1 << (62 - AH_Q_TBITS))
+static inline int ah_luv_q_pack(lua_Integer id, lua_Integer trigger,
+                                lua_Integer *ids) {
+  lua_Integer t = trigger == 0 ? 0 : id - trigger;
+  if (id <= 0 || id >= AH_Q_IDMAX || trigger < 0 || trigger >= id ||
+      t > AH_Q_TMASK)
+    return 0;
+  *ids = (lua_Integer)((lua_Unsigned)id << AH_Q_TBITS) | t;
+  return 1;
+}
+static inline lua_Integer ah_luv_q_unpack(lua_Integer ids, lua_Integer *trigger) {
+  lua_Integer id = (lua_Integer)((lua_Unsigned)ids >> AH_Q_TBITS), t = ids & AH_Q_TMASK;
+  *trigger = t ? id - t : 0;
+  return id;
+}
+
 /* the asyncId of the quick record at idx, and its triggerAsyncId (the
 ** dispatch reads them on every quick record's callback: inline) */
 static inline lua_Integer ah_luv_q_ids(lua_State *L, int idx, lua_Integer *trigger) {
-  lua_Integer id;
-  lua_getupvalue(L, idx, Q_ID);
-  lua_getupvalue(L, idx, Q_TRIG);
-  id = lua_tointeger(L, -2);
-  *trigger = lua_tointeger(L, -1);
-  lua_pop(L, 2);
-  return id;
+  lua_Integer ids;
+  lua_getupvalue(L, idx, Q_IDS);
+  ids = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return ah_luv_q_unpack(ids, trigger);
 }
 
 

@@ -129,8 +129,7 @@ static ah_rec *q_build(lua_State *L, const ah_luv *lv, int base) {
   r = (ah_rec *)lua_newuserdatauv(L, sizeof(ah_rec), RV_N + sp->nf);
   rec = lua_gettop(L);
   r->lv = sp->lv;
-  r->id = lua_tointeger(L, base + Q_ID - 1);
-  r->trigger = lua_tointeger(L, base + Q_TRIG - 1);
+  r->id = ah_luv_q_unpack(lua_tointeger(L, base + Q_IDS - 1), &r->trigger);
   r->spec = sp;
   r->frame = lua_topointer(L, base + Q_FRAME - 1);
   r->fslot = AH_FSLOT_MAX;

@@ -276,7 +276,8 @@ static int kept(lua_State *L, const ah_luv *lv, const ah_spec *sp, int handle_id
 ** was tracked, so a re-arm takes the record path, which keeps its record
 ** there and reuses it (a chain allocates nothing per step).  Returns -1,
 ** having changed nothing, when a finalizer run by an allocation made the
-** registration need a record (a hook, a resource asked for). */
+** registration need a record (a hook, a resource asked for), or when its
+** ids do not fit in one integer (ah_luv_q_pack). */
 /* track_q's pushes with a resource: it, then the closure's upvalues */
 #define TRACK_Q_STACK (1 + Q_N + 2)
 
@@ -284,8 +285,10 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
                    int n, int pos, int handle_idx) {
   int i, nres, nup = Q_N + sp->nf; /* at most 8 pushes: within LUA_MINSTACK */
   int init = st->nhooks[AH_INIT] != 0, res = init && st->init_res, a1, a2;
-  lua_Integer id, trigger = st->slots[s].id;
+  lua_Integer id, ids, trigger = st->slots[s].id;
   const void *qp;
+  if (ah_unlikely(!ah_luv_q_pack(st->next_id, trigger, &ids)))
+    return -1; /* ids too far apart for one integer: a record */
   if (ah_unlikely(res)) { /* (a request's) */
     luaL_checkstack(L, TRACK_Q_STACK, "async_hooks");
     a1 = sp->nf > 0 && sp->f[0] <= n ? sp->f[0] : 0;
@@ -293,10 +296,13 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     ah_luv_new_resource(L, W_SPEC, handle_idx, a1, a2); /* n+1: can fail */
   }
   id = st->next_id++; /* taken first: a finalizer may take ids meanwhile */
+  if (ah_unlikely(id != (ids >> AH_Q_TBITS)) && !ah_luv_q_pack(id, trigger, &ids)) {
+    lua_settop(L, n);
+    return -1;
+  }
   lua_pushvalue(L, pos);               /* Q_CB */
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
-  lua_pushinteger(L, id);              /* Q_ID */
-  lua_pushinteger(L, trigger);         /* Q_TRIG */
+  lua_pushinteger(L, ids);             /* Q_IDS */
   lua_pushvalue(L, W_SPEC);            /* Q_SPEC */
   if (ah_unlikely(res)) lua_pushvalue(L, n + 1); /* Q_RES: the resource, */
   else if (handle_idx) lua_pushvalue(L, handle_idx); /* else the handle */
