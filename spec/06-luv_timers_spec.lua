@@ -43,6 +43,32 @@ describe("timer, idle, check, prepare and async callbacks", function()
     assert.equal("none", v:get())
   end)
 
+  it("a registration whose trigger is millions of ids back keeps its context and ids", function()
+    -- (the ids of a registration are kept packed when they are close; far
+    -- apart they take another path, with the same results)
+    local core = require("async_hooks.core")
+    local v = AsyncLocal.new { default = "none" }
+    local seen = {}
+    local co = coroutine.create(function()
+      v:set("far")
+      coroutine.yield(ah.executionAsyncId())
+      local t = uv.new_timer()
+      t:start(0, 0, function()
+        seen.value, seen.id, seen.trigger = v:get(), ah.executionAsyncId(), ah.triggerAsyncId()
+        t:close()
+      end)
+    end)
+    local _, coid = coroutine.resume(co)
+    local newest
+    for _ = 1, (1 << 21) + 16 do newest = core.new_ids() end
+    assert.is_true(newest - coid > (1 << 21))
+    assert.is_true(coroutine.resume(co))
+    run_loop()
+    assert.equal("far", seen.value)
+    assert.equal(coid, seen.trigger)
+    assert.is_true(seen.id > newest)
+  end)
+
   it("a set in one callback is not visible in the next unrelated one", function()
     local v = AsyncLocal.new { default = "clean" }
     local second
