@@ -4,7 +4,10 @@
 -- raw coroutines and luv), "installed" (installed, nothing set), "value"
 -- (installed, an AsyncLocal set around the case), "hooks" (installed, four
 -- empty hooks enabled, nothing set) or "hooks_res" (the same, with an init
--- that takes its 4th parameter: resources are made for it).  Only the
+-- that takes its 4th parameter: resources are made for it), "count" (four
+-- hooks that count their events, an APM's shape; nothing set),
+-- "count_value" (the same with an AsyncLocal set: in request, per request)
+-- or "count_destroy" (one destroy hook that counts).  Only the
 -- public API is used.  Prints
 -- "CASE-OK <detail>" at the end; a case that did not carry the context it
 -- should have fails instead, so a broken fast path cannot pass as a fast one.
@@ -21,12 +24,13 @@ local ah = require("async_hooks")
 local raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield }
 local co = variant == "raw" and raw or ah.coroutine
 local v = ah.AsyncLocal.new()
-local VARIANTS = { raw = true, installed = true, value = true, hooks = true, hooks_res = true }
+local VARIANTS = { raw = true, installed = true, value = true, hooks = true, hooks_res = true,
+  count = true, count_value = true, count_destroy = true }
 assert(VARIANTS[variant], "unknown variant " .. tostring(variant))
 assert(n and n >= 1, "n must be a positive integer")
 
 local function with_value(f, ...)
-  if variant == "value" then return v:run(1, f, ...) end
+  if variant == "value" or variant == "count_value" then return v:run(1, f, ...) end
   return f(...)
 end
 if variant ~= "raw" then ah.install() end
@@ -37,8 +41,20 @@ elseif variant == "hooks_res" then -- the same, but init can see its resource
   ah.createHook { init = function(_, _, _, _) end, before = function() end,
     after = function() end, destroy = function() end }:enable()
 end
+-- the counting hooks' events by kind (checked at the end)
+local counted = { init = 0, before = 0, after = 0, destroy = 0 }
+if variant == "count" or variant == "count_value" then
+  ah.createHook {
+    init = function() counted.init = counted.init + 1 end,
+    before = function() counted.before = counted.before + 1 end,
+    after = function() counted.after = counted.after + 1 end,
+    destroy = function() counted.destroy = counted.destroy + 1 end,
+  }:enable()
+elseif variant == "count_destroy" then
+  ah.createHook { destroy = function() counted.destroy = counted.destroy + 1 end }:enable()
+end
 -- what v:get() must return inside a callback or coroutine of the case
-local expected = variant == "value" and 1 or nil
+local expected = (variant == "value" or variant == "count_value") and 1 or nil
 
 local cases = {}
 
@@ -105,7 +121,7 @@ local function request(sleep, read)
   local app = require("app")
   local fd = app.data_fd(64)
   local wrap = variant == "raw" and coroutine.wrap or ah.coroutine.wrap
-  local set = variant == "value"
+  local set = variant == "value" or variant == "count_value"
   local lv = v
   local done, bad = 0, 0
   local function one(id)
@@ -232,4 +248,16 @@ end
 
 local fn = assert(cases[case], "unknown case " .. tostring(case))
 local detail = case:match("^request") and fn() or with_value(fn)
+if variant:match("^count") then
+  -- every event reached the counting hooks: as many befores as afters,
+  -- at least one event per operation
+  collectgarbage()
+  ah.flush()
+  local total = counted.init + counted.before + counted.after + counted.destroy
+  assert(counted.before == counted.after and total >= n,
+    ("counting hooks saw init %d, before %d, after %d, destroy %d for n=%d")
+      :format(counted.init, counted.before, counted.after, counted.destroy, n))
+  detail = ("%s (events: init %d, before %d, after %d, destroy %d)"):format(detail,
+    counted.init, counted.before, counted.after, counted.destroy)
+end
 io.stdout:write("CASE-OK ", tostring(detail), "\n")

@@ -59,6 +59,16 @@ M.INFO = {
     "request", "value", "request", "raw" },
   { "the HTTP request path without its socket, 4 empty hooks", "request", "hooks", "request", "raw" },
   { "the same, 4 hooks whose init takes its 4th parameter (the resource)", "request", "hooks_res", "request", "raw" },
+  -- hook events (diff: the result column shows what the events add per
+  -- operation)
+  { "one before+after pair, 4 counting hooks (resume/yield vs installed)",
+    "switch", "count", "switch", "installed", diff = true },
+  { "a destroy with a counting destroy hook (create + run to completion vs installed)",
+    "lifecycle", "count_destroy", "lifecycle", "installed", diff = true },
+  { "create + run to completion, 4 counting hooks (init, before, after, destroy) vs installed",
+    "lifecycle", "count", "lifecycle", "installed", diff = true },
+  { "the HTTP request path without its socket, 4 counting hooks and an AsyncLocal vs the AsyncLocal alone",
+    "request", "count_value", "request", "value", diff = true },
   { "its parts, value set vs nothing set: the coroutine and set() alone",
     "request_coro", "value", "request_coro", "installed" },
   { "... + sleep(0) on a new timer", "request_sleep", "value", "request_sleep", "installed" },
@@ -150,8 +160,10 @@ function M.run(info)
         local ratio = a.ins / b.ins
         local target = row[6] and ("<= %.2fx"):format(row[6])
         local ok = row[6] and ratio <= row[6]
+        local result = row[6] and (ok and "ok" or "missed") or nil
+        if row.diff then result = ("+%.0f per operation"):format(a.ins - b.ins) end
         print(("| %s | %.0f | %.0f | %.3fx | %s | %s |"):format(row[1], a.ins, b.ins, ratio,
-          target or "-", row[6] and (ok and "ok" or "missed") or "-"))
+          target or "-", result or "-"))
         if row[6] then
           out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio), target = target, ok = ok }
         end
