@@ -3,6 +3,9 @@ LUA      ?= lua5.4
 LUAROCKS ?= luarocks --lua-version=5.4
 BUSTED   ?= $(LUA) /usr/bin/busted
 ROCKSPEC := rockspec/async-hooks-scm-1.rockspec
+# the release: `make dist` builds its rock
+RELEASE  := 0.1.0-1
+DIST_ROCKSPEC := rockspec/async-hooks-$(RELEASE).rockspec
 TREE     ?= $(CURDIR)/.tree
 ASANTREE ?= $(CURDIR)/.tree-asan
 DISTDIR  ?= $(CURDIR)/dist
@@ -131,16 +134,16 @@ bench-instr: build
 clean:
 	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)
 
-# a binary rock in dist/ that installs offline:
-#   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-scm-1.*.rock
+# the release's binary rock in dist/ that installs offline:
+#   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-0.1.0-1.*.rock
 # (built into a fresh tree, then packed from it: LuaRocks 3.8's
 # `make --pack-binary-rock` gives CMake the default tree's paths)
 .PHONY: dist
 dist: deps
 	rm -rf build.luarocks $(DISTTREE) $(DISTDIR)
 	mkdir -p $(DISTDIR)
-	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
-	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks scm-1
+	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(DIST_ROCKSPEC) >/dev/null
+	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks $(RELEASE)
 	rm -rf $(DISTTREE)
 
 # OpenResty: the specs against a real nginx + lua-nginx-module started from a
