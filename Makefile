@@ -99,12 +99,15 @@ bench: build
 # HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc
 # does not understand the LuaLS annotation lines (---@...): it reads a copy
 # without them.
+# Markdown is rendered by lua-discount; any LDoc warning fails the target.
 docs:
-	@EXTRA_PKGS="lua-ldoc" ./.ci/deps
+	@EXTRA_PKGS="lua-ldoc lua-discount" ./.ci/deps
 	rm -rf build/docs build/docs-src
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
-	ldoc -c config.ld . >/dev/null
+	ldoc -c config.ld --title "async_hooks $(RELEASE) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
+	@if grep -v '^reading configuration\|^output written' build/docs.log | grep -q .; then \
+	  cat build/docs.log; echo "make docs: LDoc warned (above)"; exit 1; fi
 	@echo "build/docs/index.html"
 
 # the official Lua 5.4.4 test files and luv's own suite, unchanged, from
