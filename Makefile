@@ -3,6 +3,9 @@ LUA      ?= lua5.4
 LUAROCKS ?= luarocks --lua-version=5.4
 BUSTED   ?= $(LUA) /usr/bin/busted
 ROCKSPEC := rockspec/async-hooks-scm-1.rockspec
+# the release: `make dist` builds its rock
+RELEASE  := 0.1.0-1
+DIST_ROCKSPEC := rockspec/async-hooks-$(RELEASE).rockspec
 TREE     ?= $(CURDIR)/.tree
 ASANTREE ?= $(CURDIR)/.tree-asan
 DISTDIR  ?= $(CURDIR)/dist
@@ -96,12 +99,15 @@ bench: build
 # HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc
 # does not understand the LuaLS annotation lines (---@...): it reads a copy
 # without them.
+# Markdown is rendered by lua-discount; any LDoc warning fails the target.
 docs:
-	@EXTRA_PKGS="lua-ldoc" ./.ci/deps
+	@EXTRA_PKGS="lua-ldoc lua-discount" ./.ci/deps
 	rm -rf build/docs build/docs-src
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
-	ldoc -c config.ld . >/dev/null
+	ldoc -c config.ld --title "async_hooks $(RELEASE) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
+	@if grep -v '^reading configuration\|^output written' build/docs.log | grep -q .; then \
+	  cat build/docs.log; echo "make docs: LDoc warned (above)"; exit 1; fi
 	@echo "build/docs/index.html"
 
 # the official Lua 5.4.4 test files and luv's own suite, unchanged, from
@@ -131,16 +137,16 @@ bench-instr: build
 clean:
 	rm -rf build build.luarocks $(TREE) $(ASANTREE) $(DISTDIR)
 
-# a binary rock in dist/ that installs offline:
-#   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-scm-1.*.rock
+# the release's binary rock in dist/ that installs offline:
+#   luarocks --lua-version=5.4 install --deps-mode=none dist/async-hooks-0.1.0-1.*.rock
 # (built into a fresh tree, then packed from it: LuaRocks 3.8's
 # `make --pack-binary-rock` gives CMake the default tree's paths)
 .PHONY: dist
 dist: deps
 	rm -rf build.luarocks $(DISTTREE) $(DISTDIR)
 	mkdir -p $(DISTDIR)
-	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(ROCKSPEC) >/dev/null
-	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks scm-1
+	$(STRICT) $(LUAROCKS) --tree $(DISTTREE) make --deps-mode=none $(DIST_ROCKSPEC) >/dev/null
+	cd $(DISTDIR) && $(LUAROCKS) --tree $(DISTTREE) pack async-hooks $(RELEASE)
 	rm -rf $(DISTTREE)
 
 # OpenResty: the specs against a real nginx + lua-nginx-module started from a

@@ -1,4 +1,4 @@
--- The pooled-connection pitfall and its fix (README, "Work that must not
+-- The pooled-connection pitfall and its fix (docs/patterns.md, "Work that must not
 -- inherit the request").
 --
 -- A pool opens its one connection lazily, while serving whichever request
