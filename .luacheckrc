@@ -19,10 +19,6 @@ files["lua/async_hooks/errors.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }
--- the floor cases and the floor server put the floor's coroutine functions
--- in place of the standard ones (bench/floor.c)
-files["bench/cg_case.lua"] = { globals = { "coroutine" } }
-files["bench/http_server.lua"] = { globals = { "coroutine" } }
 -- OpenResty: the ngx backend and the code that runs inside nginx (LuaJIT +
 -- ngx_lua globals); the backend patches coroutine.create/wrap/yield
 files["lua/async_hooks/backend/ngx.lua"] = { std = "ngx_lua", globals = { "coroutine" } }
