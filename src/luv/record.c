@@ -389,6 +389,26 @@ int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
   return 0;
 }
 
+/* st->sync_frame (ah_frame_sync): F[s] of the thread running an inline
+** callback whose frame was not written at its entry (see dispatch.c's
+** d_frame) becomes that frame, found on the stack of the innermost frame
+** of the library's uv.run below the running function; the note is cleared.
+** A value there that is not that frame (the debug library changed it)
+** leaves F[s] as it is. */
+void ah_luv_sync_frame(lua_State *L, ah_state *st) {
+  lua_Debug ar;
+  int s = st->pend_frame;
+  st->pend_frame = 0;
+  if (!lua_checkstack(L, 3) || !run_frame(L, &ar) ||
+      lua_getlocal(L, &ar, st->pend_idx) == NULL)
+    return;
+  if (lua_type(L, -1) == LUA_TTABLE && lua_topointer(L, -1) == st->pend_ptr &&
+      lua_type(L, AH_UVI_F) == LUA_TTABLE)
+    lua_rawseti(L, AH_UVI_F, s);
+  else
+    lua_pop(L, 1);
+}
+
 /* st->lazy_resource (anchors.c, for executionAsyncResource): while a
 ** record's callback runs on
 ** the slow path, R[s] holds the record itself (not anchored: it is on the
