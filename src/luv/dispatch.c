@@ -407,9 +407,11 @@ static AH_ALWAYS_INLINE void d_save(lua_State *L, ah_luv *lv, ah_state *st,
 ** empty frame */
 static AH_ALWAYS_INLINE void d_frame(lua_State *L, ah_state *st, dsp *d,
                                      int nonempty) {
+  lua_Debug ar; /* this frame's, where the sync finds the frame */
   st->pend_frame = d->s;
   st->pend_idx = d->base + D_FRAME;
   st->pend_ptr = lua_topointer(L, d->base + D_FRAME);
+  st->pend_ci = lua_getstack(L, 0, &ar) ? (void *)ar.i_ci : NULL;
   st->fgen++;
   if (nonempty)
     st->slots[d->s].anchored |= A_FRAME;
