@@ -159,4 +159,158 @@ describe("luv integration internals", function()
       ]], "false\tnil\ttrue\n")
     end)
   end)
+  -- A tracked callback's frame is written where the thread's frame is kept
+  -- only once something reads it: each case checks that whatever reads it
+  -- first, at whatever depth, sees the callback's context, and that the
+  -- caller's is back afterwards.  Fresh processes (quick records), and
+  -- re-armed timers (records).
+  describe("a callback's context, read first from anywhere", function()
+    -- t0 fires `n` times, each in v = "a<i>" (quick record, then re-armed
+    -- records); body(i) runs in the callback
+    local CHAIN = [[
+      local function chain(n, body)
+        local t, i = uv.new_timer(), 0
+        local function arm()
+          i = i + 1
+          v:run("a" .. i, function() t:start(0, 0, function()
+            body(i)
+            if i < n then arm() else t:close() end
+          end) end)
+        end
+        arm()
+        uv.run()
+        print("after", v:get())
+      end
+    ]]
+
+    it("a coroutine created in a callback that read nothing", function()
+      L.fresh(CHAIN .. [[
+        v:set("top")
+        chain(2, function()
+          local co = coroutine.create(function() return v:get() end)
+          print(select(2, coroutine.resume(co)), v:get())
+        end)
+      ]], "a1\ta1\na2\ta2\nafter\ttop\n")
+    end)
+
+    it("a coroutine resumed in a callback reads its own context, then the callback its own", function()
+      L.fresh(CHAIN .. [[
+        local co
+        v:run("co", function()
+          co = coroutine.wrap(function() while true do coroutine.yield(v:get()) end end)
+        end)
+        chain(2, function() local c = co(); print(c, v:get()) end)
+      ]], "co\ta1\nco\ta2\nafter\tclean\n")
+    end)
+
+    it("a nested uv.run: the inner callbacks' and the outer one's", function()
+      L.fresh(CHAIN .. [[
+        local t2 = uv.new_timer()
+        chain(2, function(i)
+          v:run("b" .. i, function() t2:start(0, 0, function() print("inner", v:get()) end) end)
+          uv.run()
+          print("outer", v:get())
+        end)
+        t2:close()
+        -- t3 reads nothing before the nested loop, whose callback (t4's,
+        -- registered outside) reads
+        local t3, t4 = uv.new_timer(), uv.new_timer()
+        v:run("d", function()
+          t4:start(20, 0, function() print("inner", v:get()); t4:close() end)
+        end)
+        v:run("c", function() t3:start(0, 0, function()
+          uv.run()
+          print("outer", v:get())
+          t3:close()
+        end) end)
+        uv.run()
+        print("end", v:get())
+      ]], "inner\tb1\nouter\ta1\ninner\tb2\nouter\ta2\nafter\tclean\n" ..
+          "inner\td\nouter\tc\nend\tclean\n")
+    end)
+
+    it("a nested run of luv's own uv.run", function()
+      L.fresh(CHAIN .. [[
+        local rawrun = package.loaded["luv.rawrun"]
+        local t3, t4 = uv.new_timer(), uv.new_timer()
+        v:run("d", function()
+          t4:start(20, 0, function() print("inner", v:get()); t4:close() end)
+        end)
+        v:run("c", function() t3:start(0, 0, function()
+          rawrun()
+          print("outer", v:get())
+          t3:close()
+        end) end)
+        uv.run()
+        print("end", v:get())
+      ]], "inner\td\nouter\tc\nend\tclean\n")
+    end)
+
+    it("a Snapshot taken in a callback", function()
+      L.fresh(CHAIN .. [[
+        local snaps = {}
+        chain(2, function(i) snaps[i] = ah.Snapshot.new() end)
+        for i = 1, 2 do snaps[i]:run(function() print(v:get()) end) end
+        print(v:get())
+      ]], "after\tclean\na1\na2\nclean\n")
+    end)
+
+    -- an error ends the callback before it re-arms: fresh timers (quick
+    -- records), and a repeating one (its closure runs each time)
+    local ERRORS = [[
+      core.luv_flags(1 + 4) -- luv: no exit, no message
+      v:set("top")
+      local ts = {}
+      for i = 1, 2 do
+        ts[i] = uv.new_timer()
+        v:run("e" .. i, function() ts[i]:start(0, 0, function() body(i); error("boom") end) end)
+      end
+      local rep, n = uv.new_timer(), 0
+      v:run("rep", function() rep:start(0, 1, function()
+        n = n + 1
+        if n == 3 then rep:close(); for i = 1, 2 do ts[i]:close() end; return end
+        body(n); error("boom")
+      end) end)
+      uv.run()
+      core.luv_flags(0)
+      print("after", v:get())
+    ]]
+
+    it("an error in a callback that read the context", function()
+      L.fresh("local function body(i) print(v:get()) end\n" .. ERRORS,
+              "e1\ne2\nrep\nrep\nafter\ttop\n")
+    end)
+
+    it("an error in a callback that read nothing", function()
+      L.fresh("local function body() end\n" .. ERRORS, "after\ttop\n")
+    end)
+
+    it("a scope opened in a callback that read nothing", function()
+      L.fresh(CHAIN .. [[
+        chain(2, function(i) v:run("s" .. i, function() print(v:get()) end); print(v:get()) end)
+      ]], "s1\na1\ns2\na2\nafter\tclean\n")
+    end)
+
+    it("hooks that read the context", function()
+      L.fresh(CHAIN .. [[
+        local log = {}
+        ah.createHook {
+          before = function() log[#log + 1] = "before " .. v:get() end,
+          after = function() log[#log + 1] = "after " .. v:get() end,
+        }:enable()
+        chain(2, function() log[#log + 1] = "cb" end)
+        print(table.concat(log, ", "))
+      ]], "after\tclean\nbefore a1, cb, after a1, before a2, cb, after a2\n")
+    end)
+
+    it("a file request's callback that reads nothing, then one that reads", function()
+      L.fresh([[
+        v:run("r1", function() uv.fs_fstat(fd, function()
+          v:run("r2", function() uv.fs_fstat(fd, function() print(v:get()) end) end)
+        end) end)
+        uv.run()
+        print(v:get())
+      ]], "r2\nclean\n")
+    end)
+  end)
 end)

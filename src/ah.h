@@ -169,6 +169,17 @@ typedef struct ah_state {
   ** false and returns 0; anchors.c calls it without knowing the layer
   ** (NULL: none). */
   int (*lazy_resource)(lua_State *L, struct ah_state *st, int s, int t);
+  /* The same layer may leave F[s] of the thread running one of its
+  ** callbacks unwritten at the callback's entry: pend_frame is then that
+  ** slot (0: none), and the callback's frame (at address pend_ptr) is the
+  ** value at index pend_idx of that layer's frame on the thread's stack
+  ** (the activation record lua_getstack gave for it, pend_ci).
+  ** Every reader of F[s] calls sync_frame first (ah_frame_sync), which
+  ** writes it into F[s] and clears the note; every writer clears it. */
+  int pend_frame, pend_idx;
+  const void *pend_ptr;
+  void *pend_ci; /* that layer's frame (lua_Debug's i_ci), or NULL */
+  void (*sync_frame)(lua_State *L, struct ah_state *st);
   /* pushes the own resource of the coroutine at thread_idx while scopes are
   ** open in it (set by ah_open_scope; anchors.c calls it without knowing
   ** scope.c); 0 if none is open */

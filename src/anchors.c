@@ -159,6 +159,7 @@ static void set_frame_of(lua_State *L, ah_state *st, int s, int thread_idx,
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
+  if (st->pend_frame == s) st->pend_frame = 0;
 }
 
 /* R[s] holds false for "no resource" (the key stays).  The resource is
@@ -240,6 +241,7 @@ void ah_set_new_frame(lua_State *L, ah_state *st, int s, int idx,
   lua_pushvalue(L, idx);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++; /* every write of F[s] is counted (luv/'s rearm, dispatch) */
+  if (st->pend_frame == s) st->pend_frame = 0;
 }
 
 /* make the value at idx (possibly nil) the current resource of L */

@@ -39,6 +39,7 @@ static void init_coroutine(lua_State *L, ah_state *st, int thread_idx) {
   int s = ah_slot_of(L, st), ns;
   lua_Integer trigger = st->slots[s].id;
   thread_idx = lua_absindex(L, thread_idx);
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_F, s);
   ns = ah_register(L, st, thread_idx, -1, trigger, AH_KCORO);
   lua_pop(L, 1);
@@ -72,6 +73,7 @@ static int co_create(lua_State *L) {
     if (ah_unlikely(!st->extra)) ah_reserve_binding(L, st, top);
     /* F and TH are checked here, before any change (lua_geti raises
     ** unless F can be indexed), and used unchecked below */
+    ah_frame_sync(L, st, s);
     lua_geti(L, AH_UVI_F, s); /* top + 1: the creator's frame */
     (void)AH_UV_TH;
     framed = st->slots[s].anchored & A_FRAME; /* it is not the empty one */
@@ -158,6 +160,7 @@ static int co_slot(lua_State *L, ah_state *st, lua_State *co, int co_idx,
     return cs;
   if (cs == 0) {
     s = ah_slot_of(L, st);
+    ah_frame_sync(L, st, s);
     lua_rawgeti(L, AH_UV_F, s);
     cs = ah_register(L, st, co_idx, -1, st->slots[s].id, AH_KFOREIGN);
     lua_pop(L, 1);

@@ -71,6 +71,7 @@ static int l_get(lua_State *L) {
   int s;
   if (lua_type(L, 1) != LUA_TTABLE) bad_self(L);
   s = ah_slot_of(L, st);
+  ah_frame_sync(L, st, s);
   /* (lua_geti: an F that the debug library replaced raises, and costs
   ** no check when it is a table) */
   if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM */
@@ -119,6 +120,7 @@ static int push_frame_with(lua_State *L, ah_state *st, int s, int tok,
                            int val) {
   int fr, nf, n = 0, had = 0, vt = lua_type(L, val), plain;
   const void *p;
+  ah_frame_sync(L, st, s);
   if (lua_geti(L, AH_UVI_F, s) != LUA_TTABLE) { /* only after an OOM (geti:
                                                  ** see l_get) */
     lua_pop(L, 1);
@@ -260,6 +262,7 @@ static int l_swap(lua_State *L) {
   int s;
   check_frame(L, 1);
   s = ah_slot_of(L, st);
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_F, s);
   ah_set_frame(L, s, 1);
   return 1;
@@ -279,7 +282,9 @@ static int frame_close(lua_State *L) {
 
 static int l_current_frame(lua_State *L) {
   ah_state *st = ah_st(L);
-  lua_rawgeti(L, AH_UV_F, ah_slot_of(L, st));
+  int s = ah_slot_of(L, st);
+  ah_frame_sync(L, st, s);
+  lua_rawgeti(L, AH_UV_F, s);
   return 1;
 }
 

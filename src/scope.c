@@ -66,6 +66,7 @@ static int l_enter_scope(lua_State *L) {
   lua_setmetatable(L, 5);
   lua_rawgeti(L, AH_UV_R, s);
   lua_setiuservalue(L, 5, G_PREV_RES);
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_F, s);
   lua_setiuservalue(L, 5, G_PREV_FRAME);
   lua_pushvalue(L, 3);

@@ -138,6 +138,7 @@ static void clear(lua_State *L, ah_state *st, int s) {
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_F, s);
   st->fgen++;
+  if (st->pend_frame == s) st->pend_frame = 0;
   lua_pushnil(L);
   lua_rawseti(L, AH_UV_R, s);
   lua_pushnil(L);

@@ -18,6 +18,11 @@ static inline int ah_slot_of(lua_State *L, ah_state *st) {
   }
   return ah_slot_slow(L, st);
 }
+/* F[s] is read next: write a callback's pending frame into it (see
+** ah_state's pend_frame) */
+static inline void ah_frame_sync(lua_State *L, ah_state *st, int s) {
+  if (ah_unlikely(st->pend_frame == s)) st->sync_frame(L, st);
+}
 int ah_slot_find(lua_State *L, ah_state *st, lua_State *th, int thread_idx);
 void ah_bind_thread(lua_State *L, ah_state *st, int s, int thread_idx);
 void ah_bind_thread_table(lua_State *L, int s, int thread_idx);

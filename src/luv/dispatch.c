@@ -89,6 +89,7 @@ int ah_luv_rec_call(lua_State *L) {
   oneshot = r->flags & REC_ONESHOT;
   if (!(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
   ah_reserve(L, s);
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_R, s); /* n+1: previous resource */
   lua_rawgeti(L, AH_UV_F, s); /* n+2: previous frame */
   ah_luv_push_resource(L, r, 1); /* n+3 */
@@ -207,6 +208,10 @@ static int luv_enter(lua_State *L) {
   lua_settop(L, 1);
   ah_reserve(L, s);
   if (r && !(r->flags & REC_RES) && st->res_on) ah_luv_materialize(L, r, 1);
+  /* a callback that luv calls from inside an inline one (luv's own
+  ** uv.run, or a function of luv's that calls back at once): the inline
+  ** one's frame, written first */
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_R, s);
   lua_rawgeti(L, AH_UV_F, s);
   lua_pushinteger(L, st->slots[s].id);
@@ -390,15 +395,24 @@ static AH_ALWAYS_INLINE void d_save(lua_State *L, ah_luv *lv, ah_state *st,
   lua_rawgeti(L, AH_UVI_F, s);
 }
 
-/* The switch of the frame: F[s] = the frame at base + D_FRAME, kept alive
-** by that stack slot for as long as the callback runs, so the switch
-** writes F[s] only: the thread's anchor keeps the previous frame, and
-** d_restore restores F[s] alone when nothing else wrote it meanwhile (any
-** other write goes through set_frame_of, which anchors, and counts in
-** st->fgen: then the restore is in full).  nonempty: not the empty frame */
+/* The switch of the frame: the frame at base + D_FRAME, kept alive by that
+** stack slot for as long as the callback runs, becomes the thread's; F[s]
+** is written only if something reads it (st->pend_frame: the reader's
+** ah_frame_sync calls ah_luv_sync_frame, which finds it on this frame's
+** stack), and then only F[s]: the thread's anchor keeps the previous
+** frame, and d_restore restores F[s] alone when nothing else wrote it
+** meanwhile (any other write goes through set_frame_of, which anchors,
+** and counts in st->fgen: then the restore is in full).  The switch
+** counts as a write (a re-arm compares st->fgen).  nonempty: not the
+** empty frame */
 static AH_ALWAYS_INLINE void d_frame(lua_State *L, ah_state *st, dsp *d,
                                      int nonempty) {
-  frame_write(L, st, d->s, d->base + D_FRAME);
+  lua_Debug ar; /* this frame's, where the sync finds the frame */
+  st->pend_frame = d->s;
+  st->pend_idx = d->base + D_FRAME;
+  st->pend_ptr = lua_topointer(L, d->base + D_FRAME);
+  st->pend_ci = lua_getstack(L, 0, &ar) ? (void *)ar.i_ci : NULL;
+  st->fgen++;
   if (nonempty)
     st->slots[d->s].anchored |= A_FRAME;
   else
@@ -482,11 +496,20 @@ static AH_ALWAYS_INLINE int d_restore(lua_State *L, ah_luv *lv, ah_state *st,
     lua_rawseti(L, AH_UVI_R, s);
   }
   lv->cur = d->pcur;
-  /* the frame: unchanged when nothing wrote one; only F[s] when only the
-  ** switch did (the thread's anchor still holds the previous frame); else
-  ** in full (F[s] of the thread that runs the loop is written only here
-  ** and through set_frame_of, which anchors; both count) */
-  if (ah_likely(st->fgen == d->fgen)) {
+  /* the frame: unchanged when nothing wrote one, or nothing read the
+  ** switched one (F[s] still holds the previous frame); only F[s] when
+  ** only the switch did (the thread's anchor still holds the previous
+  ** frame); else in full (F[s] of the thread that runs the loop is
+  ** written only here and through set_frame_of, which anchors; both
+  ** count).  A callback nested in this one synced this one's frame at its
+  ** entry and cleared its own note at its exit: a note for s is this
+  ** callback's */
+  if (ah_likely(st->pend_frame == s)) {
+    st->pend_frame = 0;
+    st->fgen++;
+    st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
+                                            (d->had & A_FRAME));
+  } else if (ah_likely(st->fgen == d->fgen)) {
     if (d->switched) {
       frame_write(L, st, s, pframe);
       st->slots[s].anchored = (unsigned char)((st->slots[s].anchored & ~A_FRAME) |
@@ -796,6 +819,10 @@ int ah_luv_run(lua_State *L) {
   ** reserved top the collector never shrinks below; they run only
   ** when this frame is the running one (RUN_MARK) */
   luaL_checkstack(L, AH_RUN_STACK, "async_hooks");
+  /* nested in an inline callback whose frame is not written yet: written
+  ** first (the destroys' hooks may read it; this loop's inline callbacks
+  ** find theirs in this frame, and need no note from the outer one) */
+  if (ah_unlikely(st->pend_frame)) ah_frame_sync(L, st, ah_slot_of(L, st));
   ah_flush_maybe(L, st);
   return lv->run(L);
 }

@@ -260,6 +260,7 @@ void ah_luv_materialize(lua_State *L, ah_rec *r, int idx);
 int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off);
 void ah_luv_new_resource(lua_State *L, int spec, int handle_idx, int a1, int a2);
 int ah_luv_resource(lua_State *L, ah_state *st, int s, int t);
+void ah_luv_sync_frame(lua_State *L, ah_state *st);
 void ah_luv_push_init_resource(lua_State *L, ah_state *st, ah_rec *r, int rec);
 void ah_luv_push_type(lua_State *L, int handle_idx);
 /* a handle's registrations, kept in its user value: a record, or

@@ -389,6 +389,40 @@ int ah_luv_set_cur_local(lua_State *L, ah_luv *lv, int off) {
   return 0;
 }
 
+/* the value at index idx of the frame ar is the object at p (pushed,
+** returns 1), else 0 (nothing pushed) */
+static int local_is(lua_State *L, lua_Debug *ar, int idx, const void *p) {
+  if (lua_getlocal(L, ar, idx) == NULL) return 0;
+  if (lua_topointer(L, -1) == p && lua_type(L, -1) == LUA_TTABLE) return 1;
+  lua_pop(L, 1);
+  return 0;
+}
+
+/* st->sync_frame (ah_frame_sync): F[s] of the thread running an inline
+** callback whose frame was not written at its entry (see dispatch.c's
+** d_frame) becomes that frame, the value at index pend_idx of the frame
+** of the library's uv.run that runs it: the activation record that
+** lua_getstack gave there (pend_ci; alive while that frame runs, which the
+** note does not outlive).  A live object's address is its own: the value
+** there is checked to be the object at pend_ptr, else looked for in the
+** frames below the running function (where the debug library moved
+** things); not found, F[s] stays as it is.  The note is cleared. */
+void ah_luv_sync_frame(lua_State *L, ah_state *st) {
+  lua_Debug ar;
+  int s = st->pend_frame, level, found = 0;
+  st->pend_frame = 0;
+  if (!lua_checkstack(L, 2)) return;
+  if (st->pend_ci) {
+    ar.i_ci = (struct CallInfo *)st->pend_ci;
+    found = local_is(L, &ar, st->pend_idx, st->pend_ptr);
+  }
+  for (level = 1; !found && lua_getstack(L, level, &ar); level++)
+    found = local_is(L, &ar, st->pend_idx, st->pend_ptr);
+  if (!found) return;
+  if (lua_type(L, AH_UVI_F) == LUA_TTABLE) lua_rawseti(L, AH_UVI_F, s);
+  else lua_pop(L, 1);
+}
+
 /* st->lazy_resource (anchors.c, for executionAsyncResource): while a
 ** record's callback runs on
 ** the slow path, R[s] holds the record itself (not anchored: it is on the

@@ -139,6 +139,7 @@ static ah_rec *new_record(lua_State *L, ah_state *st, const ah_spec *sp,
   lua_setmetatable(L, rec);
   lua_pushvalue(L, pos);
   lua_setiuservalue(L, rec, RV_CB);
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_F, s);
   r->frame = lua_topointer(L, -1);
   r->fslot = s < AH_FSLOT_MAX ? (unsigned)s : AH_FSLOT_MAX;
@@ -214,6 +215,7 @@ static int rearm(lua_State *L, ah_state *st, const ah_spec *sp, int s,
   lua_setiuservalue(L, rec, RV_CB);
   /* the frame: the one kept when no F[] was written since it was read */
   if (r->fgen != st->fgen || (int)r->fslot != s || s >= AH_FSLOT_MAX) {
+    ah_frame_sync(L, st, s);
     lua_geti(L, AH_UVI_F, s); /* (raises unless F can be indexed) */
     if (lua_topointer(L, -1) != r->frame) {
       r->frame = lua_topointer(L, -1);
@@ -301,6 +303,7 @@ static int track_q(lua_State *L, ah_state *st, const ah_spec *sp, int s,
     return -1;
   }
   lua_pushvalue(L, pos);               /* Q_CB */
+  ah_frame_sync(L, st, s);
   lua_rawgeti(L, AH_UV_F, s);          /* Q_FRAME */
   lua_pushinteger(L, ids);             /* Q_IDS */
   lua_pushvalue(L, W_SPEC);            /* Q_SPEC */
@@ -780,6 +783,7 @@ void ah_luv_stats(lua_State *L) {
 ** for the lazily made resource of a running callback */
 void ah_open_luv(lua_State *L) {
   ah_st(L)->lazy_resource = ah_luv_resource;
+  ah_st(L)->sync_frame = ah_luv_sync_frame;
   ah_add_funcs(L, luv_funcs);
   lua_pushinteger(L, (lua_Integer)sizeof(ah_rec)); /* for the specs */
   lua_setfield(L, -2, "luv_record_size");
