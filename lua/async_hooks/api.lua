@@ -134,7 +134,8 @@ local function check_backend(B)
   end
 end
 
-local VERSION = "scm-1"
+-- the release this code is (its rockspec: rockspec/async-hooks-<version>-1)
+local VERSION = "0.1.0"
 
 return function(B)
   check_backend(B)
