@@ -62,6 +62,10 @@ describe("install() and luv", function()
       present = present + 1
     end
     assert.equal(33, present)
+    -- and only what the loaded luv has (luv 1.44 has no pipe_connect2)
+    for _, name in ipairs(ah.luv_covered) do
+      assert.equal("function", type(orig[name]), name)
+    end
   end)
 
   it("callbacks registered before install() keep working", function()

@@ -745,7 +745,8 @@ return function(B)
     return B.installed()
   end
 
-  --- The luv functions whose callbacks are wrapped (sorted names; Lua 5.4).
+  --- The luv functions whose callbacks are wrapped (sorted names; Lua 5.4):
+  -- once luv is loaded, only those that it has.
   -- @table luv_covered
   ---@type string[]|nil
   M.luv_covered = B.luv_covered

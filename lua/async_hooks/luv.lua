@@ -97,8 +97,9 @@ end
 
 local M = {}
 
---- The names of the luv functions that are wrapped (for the README and the
--- specs).
+--- The names of the luv functions that are wrapped, sorted: every one the
+-- library knows until luv is attached, then only those that luv has (the
+-- table is filtered in place).
 M.covered = {}
 for _, s in ipairs(SPECS) do M.covered[#M.covered + 1] = s[1] end
 table.sort(M.covered)
@@ -155,6 +156,12 @@ function M.attach(uv, persist)
     end
   end
   patch(uv)
+  local j = 0
+  for i = 1, #M.covered do
+    local name = M.covered[i]
+    M.covered[i] = nil
+    if type(rawget(uv, name)) == "function" then j = j + 1; M.covered[j] = name end
+  end
   -- every luv metatable: handles (uv_timer, uv_tcp, ...), uv_dir, ...
   for k, mt in pairs(debug.getregistry()) do
     if type(k) == "string" and k:match("^uv_") and type(mt) == "table" then
