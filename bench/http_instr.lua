@@ -81,19 +81,13 @@ function M.measure(ctxs)
     end
   end
   local counts = {}
-  for first = 1, #jobs, JOBS do
-    local running = {}
-    for i = first, math.min(#jobs, first + JOBS - 1) do
-      running[#running + 1] = { spec = jobs[i], j = start(jobs[i].ctx, jobs[i].count) }
-    end
-    for _, r in ipairs(running) do
-      local ins, events = finish(r.j)
-      local c = counts[r.spec.ctx] or {}
-      counts[r.spec.ctx] = c
-      c[r.spec.rep] = c[r.spec.rep] or {}
-      c[r.spec.rep][r.spec.count] = { ins = ins, events = events }
-    end
-  end
+  U.in_batches(jobs, JOBS, function(spec) return start(spec.ctx, spec.count) end, function(spec, j)
+    local ins, events = finish(j)
+    local c = counts[spec.ctx] or {}
+    counts[spec.ctx] = c
+    c[spec.rep] = c[spec.rep] or {}
+    c[spec.rep][spec.count] = { ins = ins, events = events }
+  end)
   local per = {}
   for ctx, c in pairs(counts) do
     local each = {}

@@ -101,25 +101,18 @@ local function measure(pairs_)
     end
   end
   local counts = {}
-  for first = 1, #jobs, JOBS do
-    local running = {}
-    for i = first, math.min(#jobs, first + JOBS - 1) do
-      local j = jobs[i]
-      running[#running + 1] = { j = j, h = io.popen(command(j.p[1], j.p[2], j.size)) }
+  U.in_batches(jobs, JOBS, function(j) return io.popen(command(j.p[1], j.p[2], j.size)) end, function(j, h)
+    local out = h:read("a")
+    h:close()
+    local c = tonumber(out:match("Collected : (%d+)"))
+    local detail = out:match("CASE%-OK ([^\n]*)")
+    if not (c and detail) then
+      error(("case %s %s %d failed:\n%s"):format(j.p[1], j.p[2], j.size, out), 0)
     end
-    for _, r in ipairs(running) do
-      local out = r.h:read("a")
-      r.h:close()
-      local c = tonumber(out:match("Collected : (%d+)"))
-      local detail = out:match("CASE%-OK ([^\n]*)")
-      if not (c and detail) then
-        error(("case %s %s %d failed:\n%s"):format(r.j.p[1], r.j.p[2], r.j.size, out), 0)
-      end
-      local k = key(r.j.p[1], r.j.p[2])
-      counts[k] = counts[k] or { n = r.j.n, detail = detail, many = {}, one = {} }
-      counts[k][r.j.size == 1 and "one" or "many"][r.j.rep] = c
-    end
-  end
+    local k = key(j.p[1], j.p[2])
+    counts[k] = counts[k] or { n = j.n, detail = detail, many = {}, one = {} }
+    counts[k][j.size == 1 and "one" or "many"][j.rep] = c
+  end)
   local per = {}
   for k, c in pairs(counts) do
     local each = {}

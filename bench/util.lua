@@ -66,4 +66,16 @@ function U.rss_kb()
   return tonumber(U.read_file("/proc/self/status"):match("VmRSS:%s*(%d+)")) or 0
 end
 
+--- Run `jobs` `width` at a time: `start(job)` for each job of a batch, then
+-- `finish(job, started)` for each, in order (what start returned).
+function U.in_batches(jobs, width, start, finish)
+  for first = 1, #jobs, width do
+    local running = {}
+    for i = first, math.min(#jobs, first + width - 1) do
+      running[#running + 1] = { jobs[i], start(jobs[i]) }
+    end
+    for _, r in ipairs(running) do finish(r[1], r[2]) end
+  end
+end
+
 return U

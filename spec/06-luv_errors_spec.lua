@@ -14,12 +14,7 @@ local function run_loop()
 end
 
 describe("errors and luv callbacks", function()
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   it("luv argument errors read as they do without the library", function()
     local ok, err = pcall(function() uv.new_timer():start(nil) end)

@@ -13,12 +13,7 @@ local function run_loop()
 end
 
 describe("hooks and luv callbacks", function()
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   it("init types, before/after per callback, destroy after one-shot requests", function()
     local events, types = {}, {}

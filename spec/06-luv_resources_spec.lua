@@ -15,12 +15,7 @@ local function run_loop()
 end
 
 describe("luv callbacks", function()
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   describe("executionAsyncId() and triggerAsyncId()", function()
     it("a tracked callback has its own asyncId, triggered by the registering context", function()

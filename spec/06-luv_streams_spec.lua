@@ -13,12 +13,7 @@ local function run_loop()
 end
 
 describe("tcp, udp and pipe callbacks", function()
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   it("TCP echo server: 50 concurrent clients each see only their own value", function()
     local v = AsyncLocal.new()

@@ -12,12 +12,7 @@ local function run_loop()
 end
 
 describe("timer, idle, check, prepare and async callbacks", function()
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   it("nested timers under different run values each see their own", function()
     local v = AsyncLocal.new { default = "none" }

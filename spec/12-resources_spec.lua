@@ -477,12 +477,7 @@ describe("init hooks that cannot see the resource", function()
   -- resource is then made when executionAsyncResource() first asks, and is
   -- the same table in before, in the callback and in after.
   local core = require("async_hooks.core")
-  local track, untrack = H.hook_tracker()
-  before_each(function() ah.install() end)
-  after_each(function()
-    untrack()
-    ah.uninstall()
-  end)
+  local track = H.installed_each()
 
   it("counts the init hooks that can see it: 4 parameters, `...`, a C function", function()
     local function count() return core.stats().init_resources end

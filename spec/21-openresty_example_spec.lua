@@ -6,18 +6,7 @@
 local uv = require("luv")
 local N = require("support.nginx")
 
-local function sh(cmd)
-  local ok, how, code = os.execute(cmd)
-  return ok == true or (how == "exit" and code == 0), code
-end
-
-local function slurp(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local sh, slurp = N.sh, N.slurp
 
 -- one HTTP/1.0 GET with an X-Request-Id header: status, body (nil, err)
 local function get(port, path, id, timeout)
@@ -61,7 +50,8 @@ describe("#openresty examples/openresty", function()
     -- workers run as nobody when the master is root: let them in
     assert(sh(("mkdir -p '%s/logs' '%s/temp' && ln -s '%s/lua' '%s/lua' && cp '%s/app.lua' '%s/' && chmod -R 755 '%s'")
       :format(prefix, prefix, N.ROOT, root, src, prefix, root)))
-    local conf = assert(slurp(src .. "/nginx.conf"))
+    local conf = slurp(src .. "/nginx.conf")
+    assert(conf ~= "", "examples/openresty/nginx.conf not readable")
     local n
     conf, n = conf:gsub("listen 127%.0%.0%.1:8080;", ("listen 127.0.0.1:%d;"):format(port))
     assert.are.equal(1, n, "nginx.conf: the listen line changed")
@@ -69,14 +59,14 @@ describe("#openresty examples/openresty", function()
     f:write(conf)
     f:close()
     local ok = sh(("cd '%s' && %s -p examples/openresty/ -c nginx.conf 2>'%s/start.err'"):format(root, N.NGINX, root))
-    assert(ok, "nginx did not start: " .. (slurp(root .. "/start.err") or "") .. (slurp(prefix .. "/logs/error.log") or ""))
+    assert(ok, "nginx did not start: " .. slurp(root .. "/start.err") .. slurp(prefix .. "/logs/error.log"))
     started = true
   end)
 
   teardown(function()
     if started then
       sh(("cd '%s' && %s -p examples/openresty/ -c nginx.conf -s quit 2>/dev/null"):format(root, N.NGINX))
-      local pid = tonumber(slurp(prefix .. "/logs/nginx.pid") or "")
+      local pid = tonumber(slurp(prefix .. "/logs/nginx.pid"))
       for _ = 1, 200 do
         if not (pid and sh("kill -0 " .. pid .. " 2>/dev/null")) then break end
         uv.sleep(50)
@@ -102,7 +92,7 @@ describe("#openresty examples/openresty", function()
     end
     local log
     for _ = 1, 100 do -- the timers run after their requests
-      log = slurp(prefix .. "/logs/error.log") or ""
+      log = slurp(prefix .. "/logs/error.log")
       local all = true
       for _, id in ipairs(ids) do
         if not log:find("timer request_id=" .. id, 1, true) then all = false end

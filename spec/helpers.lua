@@ -170,6 +170,20 @@ function H.hook_tracker()
   return track, untrack
 end
 
+--- Inside a `describe`: the library installed before each test and
+-- uninstalled after it, once the hooks given to the returned `track` are
+-- disabled.
+function H.installed_each()
+  local ah, busted = require("async_hooks"), require("busted")
+  local track, untrack = H.hook_tracker()
+  busted.before_each(function() ah.install() end)
+  busted.after_each(function()
+    untrack()
+    ah.uninstall()
+  end)
+  return track
+end
+
 --- The error that `f` raises, after checking that its position is `f`'s
 -- own line in the spec file: `f` must be a one-line function that makes the
 -- bad call as a statement (not a tail call).

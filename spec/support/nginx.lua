@@ -35,6 +35,10 @@ local function slurp(path)
   return s
 end
 
+--- `sh(cmd)`: whether the shell command succeeded, and its exit code;
+-- `slurp(path)`: the file's contents, "" when it cannot be read.
+N.sh, N.slurp = sh, slurp
+
 local function spit(path, s)
   local f = assert(io.open(path, "w"))
   f:write(s)
