@@ -633,7 +633,7 @@ describe("the scope guard's __close", function()
   end)
 end)
 
--- review finding (helper-28): a bad call in tail position (`return
+-- a bad call in tail position (`return
 -- als:run(s, nil)`) inside a library scope was positioned inside the
 -- library (its scope function's line).  Lua drops the frame of a caller
 -- that tail-calls, so the position is the nearest user code still on the
@@ -706,7 +706,7 @@ describe("the name of a function the library runs", function()
   end)
 end)
 
--- review finding (helper-32): at lua_close, code that runs after the
+-- at lua_close, code that runs after the
 -- library's state was finalized (luv's loop finalizer runs pending
 -- callbacks; finalizers of objects made before the library) read and wrote
 -- past the slot array once it had grown, and leaked the destroy queue.
