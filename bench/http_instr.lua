@@ -99,6 +99,27 @@ function M.measure(ctxs)
   return per
 end
 
+--- Instructions per hook event at the least (bench/hookcall.c, no library):
+-- one call from C into a Lua function that counts, protected ("each") and
+-- bare; nil when the helper cannot be built (no compiler or headers)
+function M.hook_call_floor()
+  local dir = "build/bench"
+  local so = dir .. "/hookcall.so"
+  local ok = os.execute(("mkdir -p %s && gcc -std=c99 -O2 -shared -fPIC $(./.ci/lua-flags --cflags) bench/hookcall.c -o %s 2>/dev/null")
+    :format(dir, so))
+  if not ok then return nil end
+  local function count(mode, n)
+    local p = io.popen(("LUA_CPATH='%s/?.so' valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/hookcall.lua %s %d 2>&1")
+      :format(dir, U.LUA, mode, n))
+    local out = p:read("a")
+    p:close()
+    return assert(tonumber(out:match("Collected : (%d+)")), out)
+  end
+  local per = {}
+  for _, mode in ipairs { "each", "bare" } do per[mode] = (count(mode, 11000) - count(mode, 1000)) / 10000 end
+  return per
+end
+
 local function k(x) return ("%.1fk"):format(x / 1000) end
 local function plus(x) return (x >= 0 and "+" or "") .. k(x) end
 
@@ -121,6 +142,16 @@ function M.run()
   local added, floor = als.ins - none.ins, pcs.ins - none.ins
   print(("  the AsyncLocal's distance to the physical pieces: %s per request (%.2fx of them)")
     :format(plus(added - floor), added / floor))
+  local hc = M.hook_call_floor()
+  if hc then
+    local hooks = cnt.ins - als.ins
+    print(("  the hooks' events at the least: %.1f events x %.0f (one protected call from C into a counting"
+      .. " function each, no library) = %s; unprotected, x %.0f = %s; the hooks row is %.2fx of the first")
+      :format(cnt.events, hc.each, plus(cnt.events * hc.each), hc.bare, plus(cnt.events * hc.bare),
+        hooks / (cnt.events * hc.each)))
+  else
+    print("  (the hooks' events at the least: not measured, bench/hookcall.c could not be built)")
+  end
   return {
     { path = "HTTP request (set, timer, fs open/read/close, get), an AsyncLocal: instructions added per request over no library",
       value = plus(added), target = "<= +" .. k(M.TARGET_ALS), ok = added <= M.TARGET_ALS },
