@@ -849,7 +849,7 @@ return function(B)
   ---@type string[]|nil
   M.luv_covered = B.luv_covered
 
-  --- The release this code is: `"0.1.0"` (set where `M` is made).
+  --- The release this code is: `"0.1.0"`.
   -- @field _VERSION
 
   --- The backend in use: `"lua54"` or `"ngx"`.
