@@ -98,16 +98,21 @@ bench: build
 
 # HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc
 # does not understand the LuaLS annotation lines (---@...): it reads a copy
-# without them.
-# Markdown is rendered by lua-discount; any LDoc warning fails the target.
+# without them, and copies of the Markdown topics whose links point at the
+# HTML pages (tests/doclinks.lua prep).  Markdown is rendered by
+# lua-discount; any LDoc warning fails the target, and so does a local link
+# of the pages to no file or no anchor (tests/doclinks.lua check).
+docs: DOCS_VERSION = $(firstword $(subst -, ,$(RELEASE)))
 docs:
 	@EXTRA_PKGS="lua-ldoc lua-discount" ./.ci/deps
 	rm -rf build/docs build/docs-src
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
-	ldoc -c config.ld --title "async_hooks $(RELEASE) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
+	$(LUA) tests/doclinks.lua prep config.ld $(DIST_ROCKSPEC)
+	ldoc -c config.ld --project "async_hooks $(DOCS_VERSION)" --title "async_hooks $(DOCS_VERSION) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
 	@if grep -v '^reading configuration\|^output written' build/docs.log | grep -q .; then \
 	  cat build/docs.log; echo "make docs: LDoc warned (above)"; exit 1; fi
+	$(LUA) tests/doclinks.lua check build/docs/*.html build/docs/*/*.html
 	@echo "build/docs/index.html"
 
 # the official Lua 5.4.4 test files and luv's own suite, unchanged, from

@@ -8,6 +8,15 @@
 -- positioned at the caller's line; wherever a function is expected, a
 -- callable table is accepted.
 -- @module async_hooks
+-- @usage
+-- local uv = require("luv")                    -- luv first, on the main thread
+-- local ah = require("async_hooks").install()  -- patch coroutine + luv
+-- print(ah._VERSION, ah.backend, ah.installed()) --> 0.1.0  lua54  true
+-- local co = coroutine.create(function()
+--   print(ah.executionAsyncId(), ah.triggerAsyncId()) -- the coroutine's, then 1
+-- end)
+-- coroutine.resume(co)
+-- ah.uninstall()                               -- the original functions again
 
 -- This file (`async_hooks.api`) is the public API over a backend.
 -- Every class, argument check and error message of the library lives here,
@@ -236,6 +245,14 @@ return function(B)
 
   --- A context value (TC39 `AsyncContext.Variable`, Python `ContextVar`).
   -- @type AsyncLocal
+  -- @usage
+  -- local request_id = ah.AsyncLocal.new { name = "request_id", default = "-" }
+  -- request_id:run("req-1", function()
+  --   ah.coroutine.wrap(function()
+  --     print(request_id:get())            --> req-1 (the creator's value)
+  --   end)()
+  -- end)
+  -- print(request_id:get())                --> - (restored)
 
   ---@class AsyncLocal
   ---@field name string the name given to `new` (`""` when none)
@@ -328,6 +345,12 @@ return function(B)
 
   --- Node's `AsyncLocalStorage` on the same machinery.
   -- @type AsyncLocalStorage
+  -- @usage
+  -- local als = ah.AsyncLocalStorage.new()
+  -- als:run({ user = "ada" }, function()
+  --   print(als:getStore().user)           --> ada
+  --   print(als:exit(als.getStore, als))   --> nil
+  -- end)
 
   local ALS_KEYS = keys { "name", "defaultValue" }
   local get_store = accessor(B.getter, "getStore", "AsyncLocalStorage")
@@ -415,6 +438,11 @@ return function(B)
 
   --- A captured context (TC39 `AsyncContext.Snapshot`).
   -- @type Snapshot
+  -- @usage
+  -- local v = ah.AsyncLocal.new()
+  -- local snap = v:run("inside", ah.Snapshot.new)
+  -- print(snap:run(v.get, v))                --> inside
+  -- print(ah.Snapshot.empty():run(v.get, v)) --> nil (every value at its default)
 
   ---@class Snapshot
   local Snapshot = { __name = "Snapshot" }
@@ -490,6 +518,24 @@ return function(B)
   ---@type fun(): table
   M.executionAsyncResource = B.executionAsyncResource
 
+  --- The resource of a coroutine or a luv registration: the table `init`
+  -- receives and `executionAsyncResource()` returns inside it (an
+  -- `AsyncResource` is its own resource).  A luv resource says what the
+  -- work is, with the call's arguments as given (see @{hooks.md}).
+  -- @table resource
+  -- @field thread the coroutine (coroutine resources only)
+  -- @field op the luv function that took the callback, by its module name:
+  --   `"timer_start"`, `"tcp_connect"`, `"fs_open"`, ... (every luv resource)
+  -- @field handle the handle (or `uv_dir`) the call was made on; for
+  --   `new_async` and `spawn`, the handle they return
+  -- @field path the path argument (fs calls that take a path)
+  -- @field new_path the second path (`fs_rename`, `fs_link`, `fs_symlink`,
+  --   `fs_copyfile`)
+  -- @field host the address or name as given (`tcp_connect`, `udp_send`,
+  --   `getaddrinfo`)
+  -- @field port the port as given (`tcp_connect`, `udp_send`)
+  -- @field service the service as given, absent when nil (`getaddrinfo`)
+
   --- Deliver the queued `destroy` hooks now, for event loops the library
   -- does not integrate.  Does nothing inside a hook or a finalizer, nor
   -- while a callback, resume or scope is running (they deliver them when
@@ -532,8 +578,44 @@ return function(B)
     return h
   end
 
-  --- A set of hook callbacks, made by `createHook`.
+  --- A set of hook callbacks, made by `createHook`: the functions given
+  -- to it, as its fields `init`, `before`, `after` and `destroy`, are
+  -- called with these arguments.  See @{hooks.md} for the order of
+  -- the events and the resources.
   -- @type AsyncHook
+  -- @usage
+  -- local types = {}
+  -- local hook = ah.createHook {
+  --   init = function(asyncId, type, triggerAsyncId, resource)
+  --     types[asyncId] = type                -- "coroutine", "uv_timer", ...
+  --   end,
+  --   destroy = function(asyncId) types[asyncId] = nil end,
+  -- }:enable()
+  -- local co = ah.coroutine.create(function() end)
+  -- hook:disable()
+
+  --- Called when a resource is created: a coroutine, an `AsyncResource`,
+  -- a luv registration.
+  -- @function AsyncHook.init
+  -- @tparam integer asyncId the new resource's id
+  -- @tparam string type `"coroutine"`, the `AsyncResource`'s type, `"uv_timer"`, ...
+  -- @tparam integer triggerAsyncId the id of what created it
+  -- @tparam table resource the `resource` table; nil when the function
+  --   cannot read a fourth argument (fewer parameters, no `...`)
+
+  --- Called before the resource's code runs (a resume slice, a callback,
+  -- a scope).
+  -- @function AsyncHook.before
+  -- @tparam integer asyncId the resource's id
+
+  --- Called after the resource's code has run (also when it raised).
+  -- @function AsyncHook.after
+  -- @tparam integer asyncId the resource's id
+
+  --- Called once the resource is gone (returned, closed, destroyed or
+  -- collected); never inside a finalizer or another hook.
+  -- @function AsyncHook.destroy
+  -- @tparam integer asyncId the resource's id
 
 
   --- Enable the hook (idempotent).
@@ -561,6 +643,15 @@ return function(B)
 
   --- A user-defined async resource (Node's `AsyncResource`).
   -- @type AsyncResource
+  -- @usage
+  -- local DbQuery = {}                       -- a pooled client's request
+  -- function DbQuery.start(sql, callback)
+  --   local res = ah.AsyncResource.new("DbQuery")  -- captures the context now
+  --   pool:send(sql, function(rows)          -- later, outside that context
+  --     res:runInAsyncScope(callback, rows)  -- back in it, with before/after
+  --     res:emitDestroy()
+  --   end)
+  -- end
 
   ---@class AsyncResource
   local AsyncResource = { __name = "AsyncResource" }
@@ -670,10 +761,17 @@ return function(B)
     return self._trigger
   end
 
-  --- `resource:bind(fn)` returns a function running `fn` in this resource's
-  -- scope; `AsyncResource.bind(fn[, type])` makes a new resource for it.
-  -- @param a the resource (method form) or `fn`
-  -- @param b `fn` (method form) or the type (default `"bound-anonymous-fn"`)
+  --- A function that runs `fn(...)` in the scope of a new resource, made
+  -- now (as by `AsyncResource.new(type)`).
+  -- @function AsyncResource.bind
+  -- @tparam function fn a function or callable
+  -- @tparam[opt="bound-anonymous-fn"] string type the resource's type
+  -- @treturn function
+
+  --- A function that runs `fn(...)` in this resource's scope, as
+  -- `runInAsyncScope` does.
+  -- @function AsyncResource:bind
+  -- @tparam function fn a function or callable
   -- @treturn function
   ---@param fn function
   ---@return function
@@ -750,6 +848,9 @@ return function(B)
   -- @table luv_covered
   ---@type string[]|nil
   M.luv_covered = B.luv_covered
+
+  --- The release this code is: `"0.1.0"`.
+  -- @field _VERSION
 
   --- The backend in use: `"lua54"` or `"ngx"`.
   ---@type string
