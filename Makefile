@@ -10,6 +10,8 @@ TREE     ?= $(CURDIR)/.tree
 ASANTREE ?= $(CURDIR)/.tree-asan
 DISTDIR  ?= $(CURDIR)/dist
 DISTTREE ?= $(CURDIR)/.tree-dist
+# Debian's ldoc and luacheck run on Lua 5.1: a Lua 5.4 tree's paths break them
+NOLUAENV := env -u LUA_PATH -u LUA_CPATH -u LUA_PATH_5_4 -u LUA_CPATH_5_4
 PATHS     = eval "$$($(LUAROCKS) --tree $(1) path)"
 # The project's own builds treat warnings as errors (-Wpedantic -Werror, see
 # CMakeLists.txt); a user's `luarocks make` does not.
@@ -109,7 +111,7 @@ docs:
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
 	$(LUA) tests/doclinks.lua prep config.ld $(DIST_ROCKSPEC)
-	ldoc -c config.ld --project "async_hooks $(DOCS_VERSION)" --title "async_hooks $(DOCS_VERSION) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
+	$(NOLUAENV) ldoc -c config.ld --project "async_hooks $(DOCS_VERSION)" --title "async_hooks $(DOCS_VERSION) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
 	@if grep -v '^reading configuration\|^output written' build/docs.log | grep -q .; then \
 	  cat build/docs.log; echo "make docs: LDoc warned (above)"; exit 1; fi
 	$(LUA) tests/doclinks.lua check build/docs/*.html build/docs/*/*.html
@@ -132,7 +134,7 @@ callgraph:
 # luacheck (Debian's lua-check) with .luacheckrc
 lint:
 	@EXTRA_PKGS="lua-check" ./.ci/deps
-	luacheck lua spec bench examples
+	$(NOLUAENV) luacheck lua spec bench examples
 
 # the instruction rows only (callgrind, under two minutes): the operations
 # and the instructions per HTTP request

@@ -813,8 +813,14 @@ return function(B)
     INSTALL_KEYS = keys(list)
   end
 
-  --- Patch the global `coroutine` library (and luv, when loaded or given as
-  -- `opts.luv`).  Idempotent.  Checks everything before it patches anything.
+  --- Patch what carries context, so that existing code propagates it.  On
+  -- Lua 5.4: the global `coroutine` library's `create`, `wrap`, `resume` and
+  -- `close`, and luv (loaded, given as `opts.luv`, or required later: until
+  -- then a metatable on `package.loaded` waits for it): its callback-taking
+  -- functions (@{luv_covered}), the `__index` of its metatables and `uv.run`.
+  -- Inside OpenResty: `coroutine.create`, `wrap` and `yield`, `ngx.thread`
+  -- and `ngx.timer`.  `uninstall()` puts every original back.  Idempotent.
+  -- Checks everything before it patches anything.
   -- @tparam[opt] table opts `{luv = module}`
   -- @return the module
   ---@param opts {luv: table?}|nil
