@@ -30,9 +30,12 @@ function H.run_lua(code)
   -- the subprocess exits without lua_close on purpose: no leak report
   local cmd = ("ASAN_OPTIONS=detect_leaks=0 %s %s >%s 2>%s"):format(H.lua_cmd(), path, out, err)
   local ok, how, status = os.execute(cmd)
+  if type(ok) == "number" then -- Lua 5.1 and LuaJIT: the wait status
+    how, status = "exit", ok >= 256 and math.floor(ok / 256) or ok
+  end
   local function slurp(p)
     local h = io.open(p)
-    local s = h and h:read("a") or ""
+    local s = h and h:read("*a") or ""
     if h then h:close() end
     os.remove(p)
     return s

@@ -6,15 +6,19 @@
 -- without being passed by hand.
 --
 -- This file only picks the backend: `async_hooks.backend.ngx` inside
--- OpenResty (a global `ngx` table with `ngx.config.ngx_lua_version`), else
--- `async_hooks.backend.lua54` (the C core).  The public API is
--- `async_hooks.api`, the same over both (its reference: `make docs`).
+-- OpenResty (a global `ngx` table with `ngx.config.ngx_lua_version`),
+-- `async_hooks.backend.lua54` (the C core) on Lua 5.4, else
+-- `async_hooks.backend.luv_lua` (pure Lua: LuaJIT, Lua 5.1 to 5.3).  The
+-- public API is `async_hooks.api`, the same over all (its reference:
+-- `make docs`).
 local ngx = rawget(_G, "ngx")
 local backend
 if type(ngx) == "table" and type(ngx.config) == "table" and ngx.config.ngx_lua_version then
   backend = require("async_hooks.backend.ngx")
-else
+elseif _VERSION == "Lua 5.4" and rawget(_G, "jit") == nil then
   backend = require("async_hooks.backend.lua54")
+else
+  backend = require("async_hooks.backend.luv_lua")
 end
 
 ---@type async_hooks

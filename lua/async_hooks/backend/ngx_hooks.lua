@@ -7,14 +7,19 @@
 -- the hook counts too: `new` is given a function that it calls with them
 -- each time they change, so that `ngx.lua` keeps its own copies in
 -- upvalues.
--- Plain Lua for LuaJIT, like `ngx.lua`.
+-- Plain Lua 5.1: the pure-Lua backend for luv (`luv_lua.lua`, on LuaJIT
+-- and PUC Lua 5.1 to 5.3) uses it too.
 -- @module async_hooks.backend.ngx_hooks
 
 local ngx = ngx
-local setmetatable, getmetatable, pairs, xpcall, tostring, type, error =
-  setmetatable, getmetatable, pairs, xpcall, tostring, type, error
+local setmetatable, getmetatable, pairs, xpcall, tostring, type, error, select =
+  setmetatable, getmetatable, pairs, xpcall, tostring, type, error, select
 local debug = require("debug")
-local newproxy = newproxy
+local newproxy = newproxy -- (Lua 5.1 and LuaJIT; tables take __gc from 5.2)
+
+-- xpcall(f, handler, ...) passes the arguments on from Lua 5.2 and in
+-- LuaJIT; PUC Lua 5.1's takes none
+local XPCALL_ARGS = select(2, xpcall(function(x) return x end, function() end, true)) == true
 
 local M = {}
 
@@ -98,8 +103,10 @@ end
 --   a re-`require` in it, as `persist.order`)
 -- @param on_counts called as `on_counts(n_init, n_before, n_after,
 --   n_destroy)` now and each time the hook lists change
+-- @param deferred when true, the end of a dispatch does not deliver the
+--   queued destroys: the backend's own flush points do (`flush_pending`)
 -- @return a table of the functions (see the end of this function)
-function M.new(persist, on_counts)
+function M.new(persist, on_counts, deferred)
   local order = persist.order or {} -- enabled hooks, in enabling order
   persist.order = order
   local lists = { init = {}, before = {}, after = {}, destroy = {} }
@@ -147,7 +154,13 @@ function M.new(persist, on_counts)
     dispatching = dispatching + 1
     d_list, d_kind = list, kind
     for i = 1, #list do
-      local ok, e = xpcall(list[i], handler, a, b, c, d)
+      local ok, e
+      if XPCALL_ARGS then
+        ok, e = xpcall(list[i], handler, a, b, c, d)
+      else
+        local f = list[i]
+        ok, e = xpcall(function() return f(a, b, c, d) end, handler)
+      end
       if not ok and not failed then failed, first = true, e end
     end
     d_list, d_kind = pl, pk
@@ -155,7 +168,7 @@ function M.new(persist, on_counts)
     if dispatching == 0 then
       reraised = nil
       if dirty then rebuild() end
-      if dq_n > 0 or gqueue[1] ~= nil then
+      if not deferred and (dq_n > 0 or gqueue[1] ~= nil) then
         local f, e = flush_all()
         if f and not failed then failed, first = f, e end
       end
@@ -278,20 +291,31 @@ function M.new(persist, on_counts)
 
   -- destroy on collection: a proxy whose finalizer queues the destroy (it is
   -- delivered at the next library call that dispatches, never inside __gc)
+  -- (a weak key stays readable in the key's finalizer)
   tok_id = setmetatable({}, WEAKK)
-  local TOKPROXY = newproxy(true)
-  getmetatable(TOKPROXY).__gc = function(p)
+  local function on_gc(p)
     local id = tok_id[p]
     if id and n_destroy > 0 then
       local q = gqueue
       q[#q + 1] = id
     end
   end
-
-  local function gc_token(id)
-    local p = newproxy(TOKPROXY)
-    tok_id[p] = id
-    return p
+  local gc_token
+  if newproxy then
+    local TOKPROXY = newproxy(true)
+    getmetatable(TOKPROXY).__gc = on_gc
+    gc_token = function(id)
+      local p = newproxy(TOKPROXY)
+      tok_id[p] = id
+      return p
+    end
+  else -- Lua 5.2 and 5.3: an empty table with a finalizer
+    local TOKMT = { __gc = on_gc }
+    gc_token = function(id)
+      local p = setmetatable({}, TOKMT)
+      tok_id[p] = id
+      return p
+    end
   end
 
   local function gc_token_cancel(tok)
@@ -308,7 +332,7 @@ function M.new(persist, on_counts)
   return {
     emit_init = emit_init, emit_before = emit_before, emit_after = emit_after,
     emit_destroy = emit_destroy, destroy_now = destroy_now, raise = raise,
-    flush = flush, flush_pending = flush_pending,
+    flush = flush, flush_pending = flush_pending, queue_destroy = queue_destroy,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
     gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
   }

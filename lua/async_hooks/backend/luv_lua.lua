@@ -1,0 +1,792 @@
+--- The pure-Lua backend: coroutines and luv on LuaJIT 2.1 and PUC Lua 5.1,
+-- 5.2 and 5.3, where the C core does not build.  `require("async_hooks")`
+-- picks it below Lua 5.4 outside OpenResty; `async_hooks.api` builds the
+-- public classes on top of it (see the contract there), so names, checks
+-- and messages are those of every other backend.
+--
+-- Where the context lives: `cur` is the record of what runs now: the main
+-- thread's (`TOP`), a library coroutine's, or a luv callback's.  Every
+-- place where the running code changes goes through this file (the
+-- library's `resume` and wrapped functions, the luv callback wrappers), and
+-- each sets `cur` on entry and puts the previous record back on exit, so a
+-- `get` is one table read, with no `coroutine.running()` (which LuaJIT does
+-- not compile).  A record: `f` its frame, `id` and `trig` its ids, `res`
+-- its resource (made when first asked for), `own` a coroutine's own id
+-- (`id` is a scope's while a `runInAsyncScope` runs in it), `sc` the scopes
+-- open in a coroutine.
+--
+-- A frame is an immutable table {token -> value} with weak keys, so that
+-- `disable()` makes values collectable; `NILV` stands for an explicit nil.
+-- Scopes restore with `pcall`: a scope may stay open across a yield where
+-- `pcall` can yield (LuaJIT, Lua 5.2 and 5.3), not on PUC Lua 5.1.  An
+-- error goes through unchanged (same value); its traceback starts at the
+-- library's rethrow (docs/purelua.md).
+--
+-- The hook events (hook lists, dispatch, destroy queues, GC tokens) are
+-- `ngx_hooks.lua`'s, shared with the OpenResty backend.
+-- @module async_hooks.backend.luv_lua
+
+local type, select, setmetatable, getmetatable, rawget, pairs, ipairs, pcall, error =
+  type, select, setmetatable, getmetatable, rawget, pairs, ipairs, pcall, error
+local unpack = rawget(_G, "unpack") or table.unpack
+local dgetmetatable = debug.getmetatable
+local stdco = coroutine
+local raw_create, raw_wrap, raw_resume, raw_status, raw_running =
+  stdco.create, stdco.wrap, stdco.resume, stdco.status, stdco.running
+local errors = require("async_hooks.errors")
+local raise_at_caller = errors.raise
+local specs = require("async_hooks.luv_specs")
+
+local registry = debug.getregistry()
+local PKEY = "async_hooks.backend.luv_lua"
+local persist = registry[PKEY]
+if persist and persist.backend then return persist.backend end
+persist = persist or {}
+registry[PKEY] = persist
+
+local B = { name = "luv_lua", persist = persist }
+
+---------------------------------------------------------------------------
+-- frames and records
+---------------------------------------------------------------------------
+
+local NILV = {} -- an explicit nil in a frame
+local WEAKK = { __mode = "k" }
+local WEAKV = { __mode = "v" }
+local EMPTY = setmetatable({}, WEAKK)
+local TOKMT = { __name = "async_hooks.token" }
+
+-- a copy of a frame (its own function: LuaJIT compiles the common case,
+-- the first value of an empty frame, without the loop)
+local function copy(frame)
+  local nf = {}
+  for k, v in pairs(frame) do nf[k] = v end
+  return nf
+end
+
+--- a frame like `frame` with `tok` set to `value`
+local function with(frame, tok, value)
+  if value == nil then value = NILV end
+  if frame == EMPTY then return setmetatable({ [tok] = value }, WEAKK) end
+  local nf = copy(frame)
+  nf[tok] = value
+  return setmetatable(nf, WEAKK)
+end
+
+function B.newtoken() return setmetatable({}, TOKMT) end
+function B.empty_frame() return EMPTY end
+
+local TOPRES = {}
+local TOP = { f = EMPTY, id = 1, trig = 0, res = TOPRES }
+local cur = TOP
+-- scopes open on TOP: the outermost's exit is a flush point
+local top_nsc = 0
+local next_id = persist.next_id or 2
+
+-- Library coroutines' records, by thread (weak keys).  A record never
+-- refers to its thread: Lua 5.1 and LuaJIT have no ephemerons, and a value
+-- that reaches its own key keeps it alive.  The `{thread = co}` resource
+-- holds it weakly for the same reason.
+local recs = persist.recs or setmetatable({}, WEAKK)
+persist.recs = recs
+
+local function fresh_id()
+  local id = next_id
+  next_id = id + 1
+  persist.next_id = next_id
+  return id
+end
+
+function B.current_frame() return cur.f end
+function B.executionAsyncId() return cur.id end
+function B.triggerAsyncId() return cur.trig end
+
+-- builds a luv record's resource (below)
+local luv_resource
+
+function B.executionAsyncResource()
+  local rec = cur
+  local res = rec.res
+  if res == nil then
+    if rec.own then
+      res = setmetatable({ thread = raw_running() }, WEAKV)
+    elseif rec.s then
+      res = luv_resource(rec)
+    else
+      res = {}
+    end
+    rec.res = res
+  end
+  return res
+end
+
+function B.new_ids(trigger)
+  if trigger == nil then trigger = cur.id end
+  return fresh_id(), trigger
+end
+
+---------------------------------------------------------------------------
+-- hooks (ngx_hooks.lua); the counts in upvalues of this file too
+---------------------------------------------------------------------------
+
+local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
+local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d)
+  n_init, n_before, n_after, n_destroy = i, b, a, d
+end, true)
+-- emit_before, emit_after, flush_pending and destroy_now return an error of
+-- the dispatch that is not the hook's own (failed, e): the caller finishes
+-- what it does, then raises it
+local emit_before, emit_after = H.emit_before, H.emit_after
+local flush_pending, destroy_now, queue_destroy, raise = H.flush_pending, H.destroy_now, H.queue_destroy, H.raise
+local emit_init, gc_token, tok_id = H.emit_init, H.gc_token, H.tok_id
+B.emit_init = emit_init
+B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
+B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
+
+-- Outside every scope, callback and resume: a destroy is delivered at once;
+-- inside one it is queued for the flush point where that ends (the
+-- outermost scope on the main thread, the callback, the resume).
+local function idle() return cur == TOP and top_nsc == 0 end
+
+local function end_now(id)
+  if idle() then
+    local f, e = destroy_now(id)
+    if f then raise(e) end
+  else
+    queue_destroy(id)
+  end
+end
+
+function B.emit_destroy(id, _, tok)
+  if tok ~= nil then tok_id[tok] = nil end
+  end_now(id)
+end
+
+function B.flush()
+  if not idle() then return end
+  local f, e = flush_pending()
+  if f then raise(e) end
+end
+
+---------------------------------------------------------------------------
+-- values and scopes
+---------------------------------------------------------------------------
+
+-- get/set raise the api's message(self) on a bad self, at their caller
+function B.getter(_, _, message)
+  return function(self)
+    local tok = type(self) == "table" and rawget(self, 1)
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
+    local v = cur.f[tok]
+    if v == nil then return self.default end
+    if v == NILV then return nil end
+    return v
+  end
+end
+
+function B.setter(_, _, message)
+  return function(self, value)
+    local tok = type(self) == "table" and rawget(self, 1)
+    if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
+    local rec = cur
+    rec.f = with(rec.f, tok, value)
+  end
+end
+
+local function restore(rec, saved, ok, ...)
+  rec.f = saved
+  if rec == TOP then
+    top_nsc = top_nsc - 1
+    if top_nsc == 0 then
+      local f, e = flush_pending()
+      if f and ok then raise(e) end
+    end
+  end
+  if ok then return ... end
+  error((...), 0)
+end
+
+function B.run_with(obj, value, fn, ...)
+  local rec = cur
+  local saved = rec.f
+  if rec == TOP then top_nsc = top_nsc + 1 end
+  rec.f = with(saved, obj[1], value)
+  value = nil -- luacheck: ignore 311 (the frame holds it: see lua54.lua)
+  return restore(rec, saved, pcall(fn, ...))
+end
+
+function B.run_in_frame(frame, fn, ...)
+  local rec = cur
+  local saved = rec.f
+  if rec == TOP then top_nsc = top_nsc + 1 end
+  rec.f = frame
+  return restore(rec, saved, pcall(fn, ...))
+end
+
+-- (scope: in a coroutine, the entry of its `sc` list, else false)
+local function leave_scope(rec, id, scope, sid, strig, sres, sframe, ok, ...)
+  local failed, first = false, nil
+  if not (scope and scope.out) then failed, first = emit_after(id) end
+  if scope then
+    local sc = rec.sc
+    for i = #sc, 1, -1 do
+      if sc[i] == scope then table.remove(sc, i); break end
+    end
+  end
+  rec.id, rec.trig, rec.res, rec.f = sid, strig, sres, sframe
+  if rec == TOP then
+    top_nsc = top_nsc - 1
+    if top_nsc == 0 then
+      local f, e = flush_pending()
+      if f and not failed then failed, first = f, e end
+    end
+  end
+  if failed then raise(first) end
+  if ok then return ... end
+  error((...), 0)
+end
+
+function B.run_in_scope(id, trigger, resource, frame, fn, ...)
+  local rec = cur
+  local sid, strig, sres, sframe = rec.id, rec.trig, rec.res, rec.f
+  rec.id, rec.trig, rec.res, rec.f = id, trigger, resource, frame
+  local scope = false
+  if rec.own then -- in a coroutine: the scope is open in it (see co_resume)
+    scope = { id = id, res = resource, out = false }
+    local sc = rec.sc
+    if sc == nil then
+      sc = {}
+      rec.sc = sc
+    end
+    sc[#sc + 1] = scope
+  elseif rec == TOP then
+    top_nsc = top_nsc + 1
+  end
+  local failed, e = emit_before(id)
+  if failed then -- fn does not run; the scope is left (its after), then e
+    leave_scope(rec, id, scope, sid, strig, sres, sframe, true)
+    raise(e)
+  end
+  return leave_scope(rec, id, scope, sid, strig, sres, sframe, pcall(fn, ...))
+end
+
+---------------------------------------------------------------------------
+-- coroutines
+---------------------------------------------------------------------------
+
+-- the record of a new library coroutine, made from the current context
+local function adopt(co)
+  local parent = cur
+  local id = fresh_id()
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id }
+  if n_destroy > 0 then rec.tok = gc_token(id) end
+  recs[co] = rec
+  if n_init > 0 then
+    local res = setmetatable({ thread = co }, WEAKV)
+    rec.res = res
+    emit_init(id, "coroutine", parent.id, res)
+  end
+  return rec
+end
+
+local function co_create(f)
+  local co = raw_create(f)
+  adopt(co)
+  return co
+end
+
+-- the end of a resume slice: the open scopes' after (innermost first, each
+-- marked out: with hooks or without, so that a hook enabled later gets no
+-- after without its before), the coroutine's after, the resumer's record
+-- back, destroy when the coroutine is dead, queued destroys delivered
+local function resume_end(co, rec, prev, ...)
+  local failed, first = false, nil
+  local sc = rec.sc
+  if sc ~= nil then
+    for i = #sc, 1, -1 do
+      local s = sc[i]
+      if not s.out then
+        s.out = true
+        local f, e = emit_after(s.id)
+        if f and not failed then failed, first = f, e end
+      end
+    end
+  end
+  if n_after > 0 then
+    local f, e = emit_after(rec.own)
+    if f and not failed then failed, first = f, e end
+  end
+  cur = prev
+  if raw_status(co) == "dead" then
+    recs[co] = nil
+    local tok = rec.tok
+    if tok ~= nil then
+      tok_id[tok] = nil
+      local f, e = destroy_now(rec.own)
+      if f and not failed then failed, first = f, e end
+    end
+  end
+  local f, e = flush_pending()
+  if f and not failed then failed, first = f, e end
+  if failed then raise(first) end
+  return ...
+end
+
+-- the start of a slice: the coroutine's before, then the scopes' that are
+-- out, outermost first (a destroyed resource's stay out)
+local function resume_start(rec)
+  local failed, first = false, nil
+  if n_before > 0 then failed, first = emit_before(rec.own) end
+  local sc = rec.sc
+  if sc ~= nil and n_before + n_after > 0 then
+    for i = 1, #sc do
+      local s = sc[i]
+      if s.out and not (type(s.res) == "table" and s.res._destroyed) then
+        s.out = false
+        local f, e = emit_before(s.id)
+        if f and not failed then failed, first = f, e end
+      end
+    end
+  end
+  return failed, first
+end
+
+local function co_resume(co, ...)
+  local rec = recs[co]
+  if rec == nil then
+    -- not a library coroutine (made before install(), or by C code): one
+    -- from its first resume here on, created by the resumer (as the C core
+    -- does)
+    if type(co) ~= "thread" or raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
+    rec = adopt(co)
+  elseif raw_status(co) ~= "suspended" then
+    return raw_resume(co, ...)
+  end
+  local prev = cur
+  cur = rec
+  if n_before > 0 or rec.sc ~= nil then
+    local failed, e = resume_start(rec)
+    if failed then -- the coroutine does not run: the after half, then e
+      local f2, e2 = false, nil
+      if n_after > 0 then f2, e2 = emit_after(rec.own) end
+      cur = prev
+      if not f2 then e2 = e end
+      raise(e2)
+    end
+  end
+  return resume_end(co, rec, prev, raw_resume(co, ...))
+end
+
+-- whether the runtime's own wrap prefixes a string error with the
+-- position of the wrapped function's caller (PUC Lua does, LuaJIT not)
+local WRAP_WHERE
+do
+  local w = raw_wrap(function() error("x", 0) end)
+  local _, e = pcall(function() local r = w(); return r end)
+  WRAP_WHERE = e ~= "x"
+end
+
+local function wrap_end(ok, ...)
+  if ok then return ... end
+  local e = ...
+  if WRAP_WHERE and (type(e) == "string" or type(e) == "number") then raise_at_caller(e) end
+  error(e, 0)
+end
+
+local function co_wrap(f)
+  local co = co_create(f)
+  return function(...)
+    return wrap_end(co_resume(co, ...))
+  end
+end
+
+--- The drop-in `coroutine` library (`close` only where the runtime has it:
+-- not before Lua 5.4).
+B.coroutine = {
+  create = co_create, wrap = co_wrap, resume = co_resume,
+  yield = stdco.yield, status = stdco.status, running = stdco.running,
+  isyieldable = stdco.isyieldable,
+}
+
+---------------------------------------------------------------------------
+-- luv
+---------------------------------------------------------------------------
+
+local SPECS = specs.SPECS
+local K_HANDLE, K_CREATE, K_CLOSE, K_WORK = specs.K_HANDLE, specs.K_CREATE, specs.K_CLOSE, specs.K_WORK
+local SPEC_OF = {}
+for _, s in ipairs(SPECS) do SPEC_OF[s[1]] = s end
+
+-- luv metatable -> its registry name ("uv_timer", ...): PUC Lua 5.1, 5.2
+-- and LuaJIT give them no __name
+local mtname = setmetatable({}, WEAKK)
+-- handle -> {slot -> record}: its live handle registrations
+local hregs = persist.hregs or setmetatable({}, WEAKK)
+persist.hregs = hregs
+
+local function callable(f)
+  local t = type(f)
+  if t == "function" then return true end
+  if t ~= "table" and t ~= "userdata" then return false end
+  local mt = dgetmetatable(f)
+  return mt ~= nil and rawget(mt, "__call") ~= nil
+end
+
+local function type_of(rec)
+  local t = rec.s[5]
+  if t then return t end
+  local h = rec.h
+  local mt = h ~= nil and dgetmetatable(h)
+  return mt and (mtname[mt] or rawget(mt, "__name")) or "uv_handle"
+end
+
+function luv_resource(rec)
+  local s = rec.s
+  local res = { op = s[1] }
+  local h = rec.h
+  if type(h) == "userdata" then res.handle = h end
+  local fields = s[6]
+  if fields then
+    res[fields[1]] = rec.x1
+    if fields[3] then res[fields[3]] = rec.x2 end
+  end
+  return res
+end
+
+-- a registration's record, made in the current context
+local function new_reg(s, h, x1, x2)
+  local parent = cur
+  local id = fresh_id()
+  local f = parent.f
+  local rec = { f = f, f0 = f, id = id, trig = parent.id, s = s, h = h, x1 = x1, x2 = x2 }
+  if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
+  if n_init > 0 then
+    local res = luv_resource(rec)
+    rec.res = res
+    emit_init(id, type_of(rec), rec.trig, res)
+  end
+  return rec
+end
+
+-- the registration can no longer run: its destroy
+local function end_reg(rec)
+  if rec.ended then return end
+  rec.ended = true
+  local tok = rec.tok
+  if tok ~= nil then
+    tok_id[tok] = nil
+    end_now(rec.id)
+  end
+end
+
+-- a handle registration in its slot (the one it replaces ends)
+local function hold(h, slot, rec)
+  if h == nil then return end
+  local regs = hregs[h]
+  if regs == nil then
+    regs = {}
+    hregs[h] = regs
+  end
+  local old = regs[slot]
+  regs[slot] = rec
+  if old ~= nil then end_reg(old) end
+end
+
+-- the handle is closed: every registration of it ends
+local function release(h)
+  local regs = h ~= nil and hregs[h]
+  if not regs then return end
+  hregs[h] = nil
+  for _, rec in pairs(regs) do end_reg(rec) end
+end
+
+local function invoke_end(rec, prev, once, ok, ...)
+  local failed, first = false, nil
+  if n_after > 0 then failed, first = emit_after(rec.id) end
+  cur = prev
+  if once then end_reg(rec) end
+  local f, e = flush_pending()
+  if f and not failed then failed, first = f, e end
+  if not ok then error((...), 0) end
+  if failed then raise(first) end
+  return ...
+end
+
+-- the function luv gets in place of cb: each call runs in the
+-- registration's frame, in a record of its own (a set inside one call is
+-- gone at the next)
+local function callback(rec, cb, once)
+  return function(...)
+    local prev = cur
+    rec.f = rec.f0
+    cur = rec
+    if n_before > 0 then
+      local failed, e = emit_before(rec.id)
+      if failed then -- the callback does not run
+        invoke_end(rec, prev, once, true)
+        raise(e)
+      end
+    end
+    return invoke_end(rec, prev, once, pcall(cb, ...))
+  end
+end
+
+-- (...) with argument `pos` replaced by w, `n` arguments in all
+local function replace(pos, n, w, ...)
+  local t = { ... }
+  t[pos] = w
+  return unpack(t, 1, n)
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+local function named(fields, ...)
+  if not fields then return nil, nil end
+  local x1 = (select(fields[2], ...))
+  local x2 = fields[4] and (select(fields[4], ...)) or nil
+  return x1, x2
+end
+
+-- the wrapper of one luv function (a module function or a method: the
+-- same positions, self first).  The original is called in tail position
+-- where its results are passed on, so that its own argument errors point
+-- at the caller's line.
+local function make_wrapper(orig, s)
+  local pos, alt, kind, fields, slot = s[2], s[3], s[4], s[6], s.slot
+  if kind == K_CLOSE then
+    return function(...)
+      local h = ...
+      local n = select("#", ...)
+      local cb
+      if n >= pos then cb = select(pos, ...) end
+      if type(h) == "userdata" then release(h) end
+      if cb == nil or not callable(cb) then return orig(...) end
+      local rec = new_reg(s, h)
+      return orig(replace(pos, n, callback(rec, cb, true), ...))
+    end
+  end
+  return function(...)
+    local n = select("#", ...)
+    local p = pos
+    local cb
+    if n >= p then cb = select(p, ...) end
+    if cb == nil and alt ~= 0 then
+      p = alt
+      if n >= p then cb = select(p, ...) end
+    end
+    if cb == nil or not callable(cb) then return orig(...) end
+    local h = ...
+    if type(h) ~= "userdata" then h = nil end
+    local rec = new_reg(s, h, named(fields, ...))
+    if kind == K_CREATE then
+      local w = callback(rec, cb, false)
+      local r = pack(orig(replace(p, n, w, ...)))
+      local nh = r[1]
+      if type(nh) == "userdata" then
+        rec.h = nh
+        if rec.res then rec.res.handle = nh end
+        hold(nh, slot, rec)
+      end
+      return unpack(r, 1, r.n)
+    end
+    if kind == K_HANDLE then
+      hold(h, slot, rec)
+      return orig(replace(p, n, callback(rec, cb, false), ...))
+    end
+    return orig(replace(p, n, callback(rec, cb, kind ~= K_WORK), ...))
+  end
+end
+
+-- the module function of a method `name` of the metatable `mt_name`
+-- ("uv_timer" start -> timer_start, uv_tcp write -> write, uv_dir readdir
+-- -> fs_readdir): matched by name, as LuaJIT's luv methods are functions
+-- of their own, not the module's
+local function spec_of_method(mt_name, name)
+  local prefix = mt_name:sub(4)
+  return SPEC_OF[prefix .. "_" .. name] or SPEC_OF[name] or SPEC_OF["fs_" .. name]
+end
+
+B.luv_covered = specs.names()
+
+local function attach(uv)
+  local state = persist.luv
+  if state and state.uvs[uv] then return end
+  state = state or { uvs = {}, patches = {} }
+  local wrappers = persist.luv_wrappers or {} -- original -> wrapper
+  persist.luv_wrappers = wrappers
+  local function patch(tbl, k, orig, s)
+    local w = wrappers[orig]
+    if not w then
+      w = make_wrapper(orig, s)
+      wrappers[orig] = w
+    end
+    state.patches[#state.patches + 1] = { tbl, k, orig }
+    tbl[k] = w
+  end
+  for _, s in ipairs(SPECS) do
+    local orig = rawget(uv, s[1])
+    if type(orig) == "function" then
+      patch(uv, s[1], orig, s)
+    end
+  end
+  -- uv.run delivers the queued destroys when it starts
+  local run = rawget(uv, "run")
+  if type(run) == "function" then
+    local w = wrappers[run]
+    if not w then
+      w = function(...)
+        local f, e = flush_pending()
+        if f then raise(e) end
+        return run(...)
+      end
+      wrappers[run] = w
+    end
+    state.patches[#state.patches + 1] = { uv, "run", run }
+    uv.run = w
+  end
+  local j = 0
+  local covered = B.luv_covered
+  for i = 1, #covered do
+    local name = covered[i]
+    covered[i] = nil
+    if type(rawget(uv, name)) == "function" then j = j + 1; covered[j] = name end
+  end
+  -- every luv metatable's methods, by name
+  for k, mt in pairs(registry) do
+    if type(k) == "string" and k:match("^uv_") and type(mt) == "table" then
+      mtname[mt] = k
+      local index = rawget(mt, "__index")
+      if type(index) == "table" then
+        local found = {}
+        for name, f in pairs(index) do
+          local s = type(name) == "string" and type(f) == "function" and spec_of_method(k, name)
+          if s then found[#found + 1] = { name, f, s } end
+        end
+        for _, x in ipairs(found) do patch(index, x[1], x[2], x[3]) end
+      end
+    end
+  end
+  state.uvs[uv] = true
+  persist.luv = state
+end
+
+local function detach()
+  local state = persist.luv
+  if not state then return end
+  for i = #state.patches, 1, -1 do
+    local p = state.patches[i]
+    p[1][p[2]] = p[3]
+  end
+  persist.luv = nil
+end
+
+---------------------------------------------------------------------------
+-- install
+---------------------------------------------------------------------------
+
+B.install_options = { luv = true }
+
+-- what a luv module has (checked before anything is patched)
+local LUV_FUNCS = { "new_timer", "timer_start", "run", "loop_alive" }
+
+-- nil when uv looks like luv, else why not (the api's REFUSED key and its
+-- arguments)
+local function not_luv(uv, where)
+  if type(uv) ~= "table" then return "not_luv", where, uv end
+  for _, k in ipairs(LUV_FUNCS) do
+    if type(uv[k]) ~= "function" then return "luv_lacks", where, k end
+  end
+end
+
+local function looks_like_luv(uv) return not_luv(uv, "") == nil end
+
+-- luv where a host keeps it: package.loaded.luv, luvit's package.loaded.uv,
+-- Neovim's vim.uv / vim.loop
+local function find_luv()
+  local loaded = package.loaded
+  if loaded.luv ~= nil then return loaded.luv, "package.loaded.luv" end
+  if looks_like_luv(loaded.uv) then return loaded.uv, "package.loaded.uv" end
+  local vim = rawget(_G, "vim")
+  if type(vim) == "table" then
+    local uv = rawget(vim, "uv") or rawget(vim, "loop")
+    if looks_like_luv(uv) then return uv, "vim.uv" end
+  end
+  return nil
+end
+
+-- luv required after install(): a package.preload entry for "luv" loads it
+-- with the other searchers and patches what they return
+local SEARCHERS = package.searchers or package.loaders
+
+local function unpreload()
+  if persist.preload and package.preload.luv == persist.preload then
+    package.preload.luv = persist.host_preload
+  end
+  persist.preload, persist.host_preload = nil, nil
+end
+
+local function make_preload(host)
+  return function(name, ...)
+    unpreload()
+    local mod
+    if host ~= nil then
+      mod = host(name, ...)
+    else
+      for i = 2, #SEARCHERS do
+        local loader, extra = SEARCHERS[i](name)
+        if type(loader) == "function" then
+          mod = loader(name, extra)
+          break
+        end
+      end
+      if mod == nil then error("module '" .. name .. "' not found", 2) end
+    end
+    if persist.coroutine and looks_like_luv(mod) then attach(mod) end
+    return mod
+  end
+end
+
+local PATCHED = { "create", "wrap", "resume" }
+
+--- Patch `coroutine` and luv.  `opts` was type- and key-checked by the api;
+-- everything is checked before anything is patched.
+-- @return nothing, or why the options were refused (nothing patched)
+function B.install(opts)
+  local uv, where = opts and opts.luv, "opts.luv"
+  if uv == nil then uv, where = find_luv() end
+  if uv ~= nil then
+    local why, a, b = not_luv(uv, where)
+    if why then return why, a, b end
+  end
+  if uv ~= nil then
+    unpreload()
+    attach(uv)
+  elseif not persist.preload then
+    persist.host_preload = package.preload.luv
+    persist.preload = make_preload(package.preload.luv)
+    package.preload.luv = persist.preload
+  end
+  if not persist.coroutine then
+    local saved = {}
+    for _, k in ipairs(PATCHED) do saved[k] = stdco[k]; stdco[k] = B.coroutine[k] end
+    persist.coroutine = saved
+  end
+end
+
+--- Restore every patched function; remove what waits for luv.
+function B.uninstall()
+  local saved = persist.coroutine
+  if saved then
+    for k, f in pairs(saved) do stdco[k] = f end
+    persist.coroutine = nil
+  end
+  unpreload()
+  detach()
+end
+
+function B.installed()
+  return persist.coroutine ~= nil
+end
+
+persist.backend = B
+return B
