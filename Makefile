@@ -25,7 +25,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
+.PHONY: all build test test-purelua asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
 
 all: build
 
@@ -52,6 +52,26 @@ test: build
 .PHONY: test-fast
 test-fast: build
 	$(call PATHS,$(TREE)) && $(BUSTED) --run=fast $(BUSTED_ARGS)
+
+# The portable specs (spec/23-*, spec/24-*, the differential test) under
+# every other runtime the library supports, each with the pure-Lua backend
+# (lua/ as it is: nothing to build) and Debian's luv and busted for it.  An
+# interpreter that is absent, or lacks luv or busted, is skipped, with the
+# reason.
+PURELUA_LUAS ?= luajit lua5.1 lua5.2 lua5.3
+PURELUA_ENV  := env -u LUA_CPATH -u LUA_PATH_5_2 -u LUA_CPATH_5_2 -u LUA_PATH_5_3 -u LUA_CPATH_5_3 \
+                LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;"
+.PHONY: test-purelua
+test-purelua:
+	@status=0; for l in $(PURELUA_LUAS); do \
+	  if ! command -v $$l >/dev/null 2>&1; then echo "test-purelua: $$l skipped: not installed"; continue; fi; \
+	  if ! $(PURELUA_ENV) $$l -e 'require("luv")' >/dev/null 2>&1; then \
+	    echo "test-purelua: $$l skipped: no luv for it (Debian: lua-luv)"; continue; fi; \
+	  if ! $(PURELUA_ENV) $$l -e 'require("busted.runner")' >/dev/null 2>&1; then \
+	    echo "test-purelua: $$l skipped: no busted for it (Debian: lua-busted)"; continue; fi; \
+	  echo "== $$l"; \
+	  $(PURELUA_ENV) $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
+	done; exit $$status
 
 asanbuild: deps
 	rm -rf build.luarocks

@@ -5,14 +5,41 @@ local G = {}
 
 local NLOCALS = 3
 
+-- xorshift's step on 32-bit unsigned integers: Lua 5.3's operators, else
+-- LuaJIT's `bit` or Lua 5.2's `bit32` (loaded from a string: the operators
+-- do not parse before 5.3)
+local xorshift
+do
+  local bitlib = rawget(_G, "bit") or rawget(_G, "bit32")
+  if not bitlib then
+    local ok, b = pcall(require, "bit32")
+    if ok then bitlib = b end
+  end
+  local native = _VERSION >= "Lua 5.3" and (loadstring or load)([[
+    return function(x)
+      x = x ~ (x << 13) & 0xffffffff
+      x = x ~ (x >> 17)
+      return x ~ (x << 5) & 0xffffffff
+    end]])
+  if native then
+    xorshift = native()
+  else
+    local bxor, lshift, rshift = bitlib.bxor, bitlib.lshift, bitlib.rshift
+    local M32 = 4294967296
+    xorshift = function(x)
+      x = bxor(x, lshift(x, 13)) % M32
+      x = bxor(x, rshift(x, 17)) % M32
+      return bxor(x, lshift(x, 5)) % M32
+    end
+  end
+end
+
 -- A deterministic PRNG (xorshift), so that a seed means the same program on
 -- every machine and Lua build.
 local function rng(seed)
   local x = seed * 2654435761 % 4294967296 + 1
   return function(n)
-    x = x ~ (x << 13) & 0xffffffff
-    x = x ~ (x >> 17)
-    x = x ~ (x << 5) & 0xffffffff
+    x = xorshift(x)
     return x % n + 1
   end
 end

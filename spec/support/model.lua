@@ -19,7 +19,7 @@ function M.new(nlocals)
 
   local function cur()
     local co, ismain = raw.running()
-    if ismain then return main end
+    if ismain or co == nil then return main end -- (5.1 and LuaJIT: nil on the main thread)
     return threads[co]
   end
   local function emit(kind, id)

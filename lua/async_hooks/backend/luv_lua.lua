@@ -468,14 +468,15 @@ local function new_reg(s, h, x1, x2)
   return rec
 end
 
--- the registration can no longer run: its destroy
+-- the registration can no longer run: its destroy, queued (delivered at
+-- the end of the callback, resume or scope, or when uv.run starts)
 local function end_reg(rec)
   if rec.ended then return end
   rec.ended = true
   local tok = rec.tok
   if tok ~= nil then
     tok_id[tok] = nil
-    end_now(rec.id)
+    queue_destroy(rec.id)
   end
 end
 

@@ -1,0 +1,260 @@
+-- luv callbacks on every runtime the library supports (see
+-- spec/23-portable_spec.lua): Lua 5.1 syntax, run under lua5.4 (the C core)
+-- and luajit, lua5.1, lua5.2, lua5.3 (the pure-Lua backend).
+local uv = require("luv") -- on the main thread, before the library
+local ah = require("async_hooks")
+local H = require("helpers")
+local P = require("support.portable")
+local AsyncLocal = ah.AsyncLocal
+
+-- a hook that logs "init <type>", "before <type>", ... by the id's type
+local function typed_recorder(track)
+  local log, types = {}, {}
+  track(ah.createHook {
+    init = function(id, t) types[id] = t; log[#log + 1] = "init " .. t end,
+    before = function(id) if types[id] then log[#log + 1] = "before " .. types[id] end end,
+    after = function(id) if types[id] then log[#log + 1] = "after " .. types[id] end end,
+    destroy = function(id) if types[id] then log[#log + 1] = "destroy " .. types[id] end end,
+  }):enable()
+  return log
+end
+
+describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
+  local track = H.installed_each()
+
+  it("a timer's callback runs in the context of t:start and of uv.timer_start", function()
+    local v = AsyncLocal.new { default = "loop" }
+    local seen = {}
+    v:run("method", function()
+      local t = uv.new_timer()
+      t:start(1, 0, function() seen[#seen + 1] = v:get(); t:close() end)
+    end)
+    v:run("function", function()
+      local t = uv.new_timer()
+      uv.timer_start(t, 1, 0, function() seen[#seen + 1] = v:get(); uv.close(t) end)
+    end)
+    uv.run()
+    table.sort(seen)
+    assert.same({ "function", "method" }, seen)
+    assert.equal("loop", v:get())
+  end)
+
+  it("ids: the callback's own, triggered by the registering context", function()
+    local registering, id, trig, res
+    local t = uv.new_timer()
+    AsyncLocal.new():run("observed", function()
+      registering = ah.executionAsyncId()
+      t:start(1, 0, function()
+        id, trig, res = ah.executionAsyncId(), ah.triggerAsyncId(), ah.executionAsyncResource()
+        t:close()
+      end)
+    end)
+    uv.run()
+    assert.is_true(id > registering)
+    assert.equal(registering, trig)
+    assert.equal("timer_start", res.op)
+    assert.equal(t, res.handle)
+    assert.equal(1, ah.executionAsyncId())
+  end)
+
+  it("ids of a registration made inside runInAsyncScope, observed by a frame only", function()
+    local why = P.core_differs("its callback runs with ids 0 and 0 when no hook is enabled")
+    if why then return pending(why) end
+    local registering, id, trig, res
+    local t = uv.new_timer()
+    -- (a value set: a registration nothing observes may skip its resource)
+    local req = ah.AsyncResource.new("Req")
+    AsyncLocal.new():run("observed", function()
+      req:runInAsyncScope(function()
+        registering = ah.executionAsyncId()
+        t:start(1, 0, function()
+          id, trig, res = ah.executionAsyncId(), ah.triggerAsyncId(), ah.executionAsyncResource()
+          t:close()
+        end)
+      end)
+    end)
+    uv.run()
+    assert.is_true(id > registering)
+    assert.equal(registering, trig)
+    assert.equal("timer_start", res.op)
+    assert.equal(t, res.handle)
+    assert.equal(1, ah.executionAsyncId())
+  end)
+
+  it("a set inside one call of a repeating callback is gone at the next", function()
+    local v = AsyncLocal.new { default = "clean" }
+    local seen = {}
+    local t = uv.new_timer()
+    t:start(1, 1, function()
+      seen[#seen + 1] = v:get()
+      v:set("dirty")
+      if #seen == 3 then t:close() end
+    end)
+    uv.run()
+    assert.same({ "clean", "clean", "clean" }, seen)
+    assert.equal("clean", v:get())
+  end)
+
+  it("events: init with the luv type, before/after per call, destroy of requests and closed handles", function()
+    local log = typed_recorder(track)
+    local t = uv.new_timer()
+    t:start(1, 0, function()
+      uv.fs_stat("/", function() end)
+    end)
+    uv.run()
+    t:close()
+    uv.run()
+    local s = table.concat(log, ",")
+    assert.matches("init uv_timer,before uv_timer,init uv_fs,after uv_timer", s, 1, true)
+    assert.matches("before uv_fs,after uv_fs,destroy uv_fs", s, 1, true)
+    assert.matches("destroy uv_timer", s, 1, true)
+  end)
+
+  it("a handle closed inside its own callback: destroy after its after", function()
+    local log = typed_recorder(track)
+    local t = uv.new_timer()
+    t:start(1, 0, function() t:close() end)
+    uv.run()
+    assert.same({ "init uv_timer", "before uv_timer", "after uv_timer", "destroy uv_timer" }, log)
+  end)
+
+  it("a replaced handle callback is destroyed; closing destroys the last one", function()
+    local inits, destroyed = {}, {}
+    track(ah.createHook {
+      init = function(id) inits[#inits + 1] = id end,
+      destroy = function(id) destroyed[#destroyed + 1] = id end,
+    }):enable()
+    local t = uv.new_timer()
+    t:start(1000, 0, function() end)
+    t:start(1000, 0, function() end) -- its destroy: queued, delivered as the loop runs
+    t:stop()
+    t:close()
+    uv.run()
+    assert.same({ inits[1], inits[2] }, destroyed)
+  end)
+
+  it("fs requests: the resource has op and path; the context of the call", function()
+    local v = AsyncLocal.new()
+    local got
+    v:run("fs", function()
+      uv.fs_stat("/", function(err, st)
+        local res = ah.executionAsyncResource()
+        got = { v:get(), res.op, res.path, err == nil and st.type }
+      end)
+    end)
+    uv.run()
+    assert.same({ "fs", "fs_stat", "/", "directory" }, got)
+  end)
+
+  it("TCP on loopback: listen, connect, write and read carry their own contexts", function()
+    local v = AsyncLocal.new { default = "none" }
+    local server = uv.new_tcp()
+    assert(server:bind("127.0.0.1", 0))
+    local port = server:getsockname().port
+    local saw = {}
+    v:run("server", function()
+      server:listen(16, function()
+        local client = uv.new_tcp()
+        server:accept(client)
+        saw.listen = v:get()
+        client:read_start(function(_, data)
+          if data then
+            saw.read = v:get()
+            client:write(data, function() saw.server_write = v:get() end)
+          else
+            client:close()
+            server:close()
+          end
+        end)
+      end)
+    end)
+    local log = typed_recorder(track)
+    v:run("client", function()
+      local c = uv.new_tcp()
+      c:connect("127.0.0.1", port, function(err)
+        assert.is_nil(err)
+        saw.connect = v:get()
+        v:set("after connect")
+        c:write("hi", function() saw.client_write = v:get() end)
+        c:read_start(function(_, data)
+          saw.echo = data
+          saw.client_read = v:get()
+          c:close()
+        end)
+      end)
+    end)
+    uv.run()
+    assert.same({ listen = "server", read = "server", server_write = "server", connect = "client",
+      client_write = "after connect", client_read = "after connect", echo = "hi" }, saw)
+    local s = table.concat(log, ",")
+    assert.matches("init uv_connect", s, 1, true)
+    assert.matches("init uv_write", s, 1, true)
+    assert.matches("init uv_tcp", s, 1, true)
+  end)
+
+  it("luv_covered names the wrapped functions", function()
+    local covered = {}
+    for _, name in ipairs(ah.luv_covered) do covered[name] = true end
+    for _, name in ipairs { "timer_start", "fs_open", "tcp_connect", "write", "read_start", "close" } do
+      assert.is_true(covered[name], name)
+    end
+  end)
+
+  it("uninstall puts the original functions back, methods included", function()
+    local t = uv.new_timer()
+    local start, method = uv.timer_start, t.start
+    ah.uninstall()
+    assert.are_not.equal(start, uv.timer_start)
+    assert.are_not.equal(method, t.start)
+    ah.install()
+    assert.equal(start, uv.timer_start)
+    assert.equal(method, t.start)
+    t:close()
+    uv.run()
+  end)
+
+  it("an error in a callback keeps its message: luv reports it and exits", function()
+    local status, out, err = H.run_lua([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local t = uv.new_timer()
+      t:start(1, 0, function() t:close(); error("boom at the user's line") end)
+      uv.run()
+      print("not reached")
+    ]])
+    assert.are_not.equal(0, status)
+    assert.equal("", out)
+    assert.matches("^Uncaught Error: [^\n]*:4: boom at the user's line\n", err)
+  end)
+
+  it("luv found as luvit's package.loaded.uv and Neovim's vim.uv", function()
+    local why = P.core_differs("the C core integrates package.loaded.luv or opts.luv only")
+    if why then return pending(why) end
+    for _, setup in ipairs {
+      "package.loaded.uv = require('luv'); package.loaded.luv = nil",
+      "vim = { uv = require('luv') }; package.loaded.luv = nil",
+      "vim = { loop = require('luv') }; package.loaded.luv = nil",
+    } do
+      H.lua_ok(setup .. [[
+
+        local uv = require("luv")
+        local ah = require("async_hooks").install()
+        local v = ah.AsyncLocal.new()
+        local t = uv.new_timer()
+        v:run("found", function() t:start(1, 0, function() print(v:get()); t:close() end) end)
+        uv.run()
+      ]], { "found" }, setup)
+    end
+  end)
+
+  it("luv required after install() is patched as it loads", function()
+    H.lua_ok([[
+      local ah = require("async_hooks").install()
+      local uv = require("luv")
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      v:run("late", function() t:start(1, 0, function() print(v:get()); t:close() end) end)
+      uv.run()
+    ]], { "late" })
+  end)
+end)
