@@ -17,6 +17,15 @@ files["lua/async_hooks/api.lua"] = {
 files["lua/async_hooks/init.lua"] = { std = "luajit" }
 files["lua/async_hooks/errors.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
+-- the pure-Lua backend and what it loads run on LuaJIT and Lua 5.1 to 5.3
+-- too: only what they all have (guarded uses of the rest)
+files["lua/async_hooks/backend/luv_lua.lua"] = { std = "luajit", globals = { "coroutine" },
+  read_globals = { table = { fields = { "unpack" } }, package = { fields = { "searchers" } } } }
+files["lua/async_hooks/luv_specs.lua"] = { std = "luajit" }
+-- the portable specs (and the support files they load) run on every runtime
+files["spec/23-portable_spec.lua"] = { std = "luajit+busted" }
+files["spec/24-portable_luv_spec.lua"] = { std = "luajit+busted" }
+files["spec/support/portable.lua"] = { std = "luajit" }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }
 -- OpenResty: the ngx backend and the code that runs inside nginx (LuaJIT +

@@ -15,7 +15,7 @@ do
     local ok, b = pcall(require, "bit32")
     if ok then bitlib = b end
   end
-  local native = _VERSION >= "Lua 5.3" and (loadstring or load)([[
+  local native = _VERSION >= "Lua 5.3" and load([[
     return function(x)
       x = x ~ (x << 13) & 0xffffffff
       x = x ~ (x >> 17)
