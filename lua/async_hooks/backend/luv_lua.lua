@@ -81,7 +81,7 @@ local TOP = { f = EMPTY, id = 1, trig = 0, res = TOPRES }
 local cur = TOP
 -- scopes open on TOP: the outermost's exit is a flush point
 local top_nsc = 0
-local next_id = persist.next_id or 2
+local next_id = 2
 
 -- Library coroutines' records, by thread (weak keys).  A record never
 -- refers to its thread: Lua 5.1 and LuaJIT have no ephemerons, and a value
@@ -93,7 +93,6 @@ persist.recs = recs
 local function fresh_id()
   local id = next_id
   next_id = id + 1
-  persist.next_id = next_id
   return id
 end
 
@@ -138,7 +137,7 @@ end, true)
 -- what it does, then raises it
 local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending, destroy_now, queue_destroy, raise = H.flush_pending, H.destroy_now, H.queue_destroy, H.raise
-local emit_init, gc_token, tok_id = H.emit_init, H.gc_token, H.tok_id
+local emit_init, gc_token, tok_id, has_pending = H.emit_init, H.gc_token, H.tok_id, H.has_pending
 B.emit_init = emit_init
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
 B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
@@ -178,7 +177,7 @@ function B.getter(_, _, message)
     local tok = type(self) == "table" and rawget(self, 1)
     if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
     local v = cur.f[tok]
-    if v == nil then return self.default end
+    if v == nil then return rawget(self, "default") end -- (an own field, or none: nil)
     if v == NILV then return nil end
     return v
   end
@@ -291,15 +290,28 @@ end
 
 local function co_create(f)
   local co = raw_create(f)
-  adopt(co)
+  local parent = cur
+  local id = next_id
+  next_id = id + 1
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id }
+  recs[co] = rec
+  if n_init + n_destroy > 0 then
+    if n_destroy > 0 then rec.tok = gc_token(id) end
+    if n_init > 0 then
+      local res = setmetatable({ thread = co }, WEAKV)
+      rec.res = res
+      emit_init(id, "coroutine", parent.id, res)
+    end
+  end
   return co
 end
 
 -- the end of a resume slice: the open scopes' after (innermost first, each
 -- marked out: with hooks or without, so that a hook enabled later gets no
 -- after without its before), the coroutine's after, the resumer's record
--- back, destroy when the coroutine is dead, queued destroys delivered
-local function resume_end(co, rec, prev, ...)
+-- back, destroy when the coroutine is dead, queued destroys delivered;
+-- returns the first error of the dispatches (failed, e)
+local function resume_end(co, rec, prev)
   local failed, first = false, nil
   local sc = rec.sc
   if sc ~= nil then
@@ -328,7 +340,12 @@ local function resume_end(co, rec, prev, ...)
   end
   local f, e = flush_pending()
   if f and not failed then failed, first = f, e end
-  if failed then raise(first) end
+  return failed, first
+end
+
+local function slice_end(co, rec, prev, ...)
+  local failed, e = resume_end(co, rec, prev)
+  if failed then raise(e) end
   return ...
 end
 
@@ -351,6 +368,26 @@ local function resume_start(rec)
   return failed, first
 end
 
+-- a resume begun with nothing to emit before the slice: the resumer's
+-- record back, unless the slice needs more (a hook enabled in it, a scope
+-- it opened, its destroy: when it ran, as nothing else enables hooks)
+local function quick_end(co, rec, prev, ...)
+  if n_after > 0 or rec.sc ~= nil or rec.tok ~= nil then
+    local failed, e = resume_end(co, rec, prev)
+    if failed then raise(e) end
+  else
+    cur = prev
+    -- (a dead one's entry goes now: a weak table full of dead threads costs
+    -- every collection cycle)
+    if raw_status(co) == "dead" then recs[co] = nil end
+    if has_pending() then
+      local failed, e = flush_pending()
+      if failed then raise(e) end
+    end
+  end
+  return ...
+end
+
 local function co_resume(co, ...)
   local rec = recs[co]
   if rec == nil then
@@ -359,22 +396,22 @@ local function co_resume(co, ...)
     -- does)
     if type(co) ~= "thread" or raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
     rec = adopt(co)
-  elseif raw_status(co) ~= "suspended" then
-    return raw_resume(co, ...)
   end
   local prev = cur
-  cur = rec
-  if n_before > 0 or rec.sc ~= nil then
-    local failed, e = resume_start(rec)
-    if failed then -- the coroutine does not run: the after half, then e
-      local f2, e2 = false, nil
-      if n_after > 0 then f2, e2 = emit_after(rec.own) end
-      cur = prev
-      if not f2 then e2 = e end
-      raise(e2)
-    end
+  if n_before + n_after == 0 and rec.sc == nil then
+    -- (a coroutine that is not suspended: Lua's own answer, nothing ran)
+    cur = rec
+    return quick_end(co, rec, prev, raw_resume(co, ...))
   end
-  return resume_end(co, rec, prev, raw_resume(co, ...))
+  if raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
+  cur = rec
+  local failed, e = resume_start(rec)
+  if failed then -- the coroutine does not run: the after half, then e
+    if n_after > 0 then emit_after(rec.own) end
+    cur = prev
+    raise(e)
+  end
+  return slice_end(co, rec, prev, raw_resume(co, ...))
 end
 
 -- whether the runtime's own wrap prefixes a string error with the
@@ -453,12 +490,20 @@ function luv_resource(rec)
   return res
 end
 
+-- the metatable of registration records (__call: below)
+local REGMT = {}
+
 -- a registration's record, made in the current context
 local function new_reg(s, h, x1, x2)
   local parent = cur
   local id = fresh_id()
+  -- (every field a record gets, but the named arguments x1 and x2, is made
+  -- here: a field added later resizes the table)
   local f = parent.f
-  local rec = { f = f, f0 = f, id = id, trig = parent.id, s = s, h = h, x1 = x1, x2 = x2 }
+  local rec = setmetatable({ f = f, f0 = f, id = id, trig = parent.id, s = s, h = h,
+    cb = false, once = false }, REGMT)
+  if x1 ~= nil then rec.x1 = x1 end
+  if x2 ~= nil then rec.x2 = x2 end
   if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
   if n_init > 0 then
     local res = luv_resource(rec)
@@ -471,10 +516,9 @@ end
 -- the registration can no longer run: its destroy, queued (delivered at
 -- the end of the callback, resume or scope, or when uv.run starts)
 local function end_reg(rec)
-  if rec.ended then return end
-  rec.ended = true
   local tok = rec.tok
-  if tok ~= nil then
+  if tok ~= nil then -- (once: the token goes with it)
+    rec.tok = nil
     tok_id[tok] = nil
     queue_destroy(rec.id)
   end
@@ -513,24 +557,43 @@ local function invoke_end(rec, prev, once, ok, ...)
   return ...
 end
 
--- the function luv gets in place of cb: each call runs in the
--- registration's frame, in a record of its own (a set inside one call is
--- gone at the next)
-local function callback(rec, cb, once)
-  return function(...)
-    local prev = cur
-    rec.f = rec.f0
-    cur = rec
-    if n_before > 0 then
-      local failed, e = emit_before(rec.id)
-      if failed then -- the callback does not run
-        invoke_end(rec, prev, once, true)
-        raise(e)
-      end
+-- What luv gets in place of cb is the registration's record itself, made
+-- callable (luv takes a callable table wherever it does not need a
+-- function, `fn` in async_hooks.luv_specs): one table per registration,
+-- and no closure, which LuaJIT does not compile.  Each call runs in the
+-- registration's frame (a set inside one call is gone at the next).
+local function call_reg(rec, ...)
+  local prev = cur
+  rec.f = rec.f0
+  cur = rec
+  if n_before > 0 then
+    local failed, e = emit_before(rec.id)
+    if failed then -- the callback does not run
+      invoke_end(rec, prev, rec.once, true)
+      raise(e)
     end
-    return invoke_end(rec, prev, once, pcall(cb, ...))
   end
+  return invoke_end(rec, prev, rec.once, pcall(rec.cb, ...))
 end
+REGMT.__call = call_reg
+
+-- the callback luv gets for rec: the record, or a function where luv
+-- takes only a function
+local function callback(rec, cb, once, fn)
+  rec.cb, rec.once = cb, once
+  if fn then return function(...) return call_reg(rec, ...) end end
+  return rec
+end
+
+-- orig(...) with its last argument (of p) replaced by w, for p = 1 to 5:
+-- the common call, the callback last, without a table
+local CALL_WITH = {
+  function(orig, w) return orig(w) end,
+  function(orig, w, a) return orig(a, w) end,
+  function(orig, w, a, b) return orig(a, b, w) end,
+  function(orig, w, a, b, c) return orig(a, b, c, w) end,
+  function(orig, w, a, b, c, d) return orig(a, b, c, d, w) end,
+}
 
 -- (...) with argument `pos` replaced by w, `n` arguments in all
 local function replace(pos, n, w, ...)
@@ -563,7 +626,7 @@ local function make_wrapper(orig, s)
       if type(h) == "userdata" then release(h) end
       if cb == nil or not callable(cb) then return orig(...) end
       local rec = new_reg(s, h)
-      return orig(replace(pos, n, callback(rec, cb, true), ...))
+      return orig(replace(pos, n, callback(rec, cb, true, s.fn), ...))
     end
   end
   return function(...)
@@ -575,12 +638,13 @@ local function make_wrapper(orig, s)
       p = alt
       if n >= p then cb = select(p, ...) end
     end
-    if cb == nil or not callable(cb) then return orig(...) end
+    if type(cb) ~= "function" and not callable(cb) then return orig(...) end
     local h = ...
     if type(h) ~= "userdata" then h = nil end
-    local rec = new_reg(s, h, named(fields, ...))
+    local rec
+    if fields then rec = new_reg(s, h, named(fields, ...)) else rec = new_reg(s, h) end
     if kind == K_CREATE then
-      local w = callback(rec, cb, false)
+      local w = callback(rec, cb, false, s.fn)
       local r = pack(orig(replace(p, n, w, ...)))
       local nh = r[1]
       if type(nh) == "userdata" then
@@ -590,11 +654,15 @@ local function make_wrapper(orig, s)
       end
       return unpack(r, 1, r.n)
     end
+    local w
     if kind == K_HANDLE then
       hold(h, slot, rec)
-      return orig(replace(p, n, callback(rec, cb, false), ...))
+      w = callback(rec, cb, false, s.fn)
+    else
+      w = callback(rec, cb, kind ~= K_WORK, s.fn)
     end
-    return orig(replace(p, n, callback(rec, cb, kind ~= K_WORK), ...))
+    if n == p then return CALL_WITH[p](orig, w, ...) end
+    return orig(replace(p, n, w, ...))
   end
 end
 

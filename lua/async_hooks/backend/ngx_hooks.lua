@@ -322,6 +322,11 @@ function M.new(persist, on_counts, deferred)
     tok_id[tok] = nil
   end
 
+  -- whether destroys are queued
+  local function has_pending()
+    return dq_n > 0 or gqueue[1] ~= nil
+  end
+
   -- destroys queued and not delivered yet: delivered now unless a hook is
   -- running (then when it returns); returns the first error (failed, e)
   local function flush_pending()
@@ -332,7 +337,7 @@ function M.new(persist, on_counts, deferred)
   return {
     emit_init = emit_init, emit_before = emit_before, emit_after = emit_after,
     emit_destroy = emit_destroy, destroy_now = destroy_now, raise = raise,
-    flush = flush, flush_pending = flush_pending, queue_destroy = queue_destroy,
+    flush = flush, flush_pending = flush_pending, queue_destroy = queue_destroy, has_pending = has_pending,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
     gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
   }
