@@ -210,6 +210,12 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.matches("attempt to yield across", e, 1, true)
     end)
 
+    it("argument errors of create, wrap and resume: the runtime's, named and at the caller's line", function()
+      assert.matches("^bad argument #1 to 'create' %(", H.raised_here(function() coroutine.create(5) end))
+      assert.matches("^bad argument #1 to 'wrap' %(", H.raised_here(function() coroutine.wrap(5) end))
+      assert.matches("^bad argument #1 to 'resume' %(", H.raised_here(function() coroutine.resume(5) end))
+    end)
+
     it("the library's coroutine table works without install()", function()
       ah.uninstall()
       local v = AsyncLocal.new()
@@ -249,6 +255,76 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.same({ ("init %d coroutine 1"):format(id), "before " .. id, "after " .. id,
         "before " .. id, "after " .. id, "before " .. id, "after " .. id, "destroy " .. id }, log)
       v:set(nil)
+    end)
+  end)
+
+  describe("memory", function()
+    local function collected(make)
+      local weak = setmetatable({}, { __mode = "k" })
+      make(weak)
+      H.gc()
+      return next(weak) == nil
+    end
+
+    it("abandoned coroutines are collected, suspended or never started, with hooks or without", function()
+      local v = AsyncLocal.new()
+      v:set("held")
+      for _, hooked in ipairs { false, true } do
+        local hook
+        if hooked then
+          hook = track(ah.createHook { init = function(_, _, _, res) return res end, destroy = function() end })
+          hook:enable()
+        end
+        assert.is_true(collected(function(weak)
+          for _ = 1, 50 do
+            local co = coroutine.create(function() coroutine.yield(ah.executionAsyncResource()) end)
+            weak[co] = true
+            coroutine.resume(co)
+            weak[coroutine.create(function() end)] = true
+          end
+        end), hooked and "with hooks" or "without hooks")
+        if hook then hook:disable() end
+      end
+      v:set(nil)
+    end)
+
+    it("a value is collectable after disable(), also when a suspended coroutine captured it", function()
+      local v = AsyncLocal.new()
+      local co
+      assert.is_true(collected(function(weak)
+        local value = {}
+        weak[value] = true
+        v:run(value, function()
+          co = coroutine.create(function() coroutine.yield() end)
+          coroutine.resume(co)
+        end)
+        v:disable()
+      end))
+      assert.equal("suspended", coroutine.status(co))
+    end)
+
+    it("a suspended coroutine that is collected gets its destroy at the next flush", function()
+      local destroyed = {}
+      track(ah.createHook { destroy = function(id) destroyed[#destroyed + 1] = id end }):enable()
+      local id
+      do
+        local co = coroutine.create(function() coroutine.yield(ah.executionAsyncId()) end)
+        local _, got = coroutine.resume(co)
+        id = got
+      end
+      H.gc()
+      ah.flush()
+      assert.same({ id }, destroyed)
+    end)
+
+    it("150 nested scopes (PUC Lua stops near 196: the C-call limit)", function()
+      local v = AsyncLocal.new()
+      local function nest(n)
+        if n == 0 then return v:get() end
+        return v:run(n, nest, n - 1)
+      end
+      assert.equal(1, nest(150))
+      assert.is_nil(v:get())
     end)
   end)
 

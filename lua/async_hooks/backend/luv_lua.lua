@@ -288,8 +288,34 @@ local function adopt(co)
   return rec
 end
 
-local function co_create(f)
-  local co = raw_create(f)
+-- The runtime's argument error of `fn(...)` as the user's call of `name`
+-- would raise it: its message, with that name (the runtime's function,
+-- called from here, has another or none), at the user's line.
+local function argerror(name, fn, ...)
+  local _, e = pcall(fn, ...)
+  if type(e) == "string" then
+    e = e:gsub("^bad argument #(%d+) to '[^']*'", "bad argument #%1 to '" .. name .. "'")
+  end
+  raise_at_caller(e)
+end
+
+-- Whether the runtime's create takes only Lua functions (Lua 5.1 and
+-- LuaJIT: C functions are refused too, which a type check cannot see)
+local LUA_ONLY = not pcall(raw_create, print)
+
+-- a new coroutine of f, or the runtime's argument error for `name`
+local function new_thread(f, name)
+  if LUA_ONLY then
+    local ok, co = pcall(raw_create, f)
+    if ok then return co end
+  elseif type(f) == "function" then
+    return raw_create(f)
+  end
+  argerror(name, raw_create, f)
+end
+
+local function make_coroutine(f, name)
+  local co = new_thread(f, name)
   local parent = cur
   local id = next_id
   next_id = id + 1
@@ -303,6 +329,13 @@ local function co_create(f)
       emit_init(id, "coroutine", parent.id, res)
     end
   end
+  return co
+end
+
+-- (not a tail call: Lua 5.1 would leave a "(tail call)" level where the
+-- position of an argument error is taken)
+local function co_create(f)
+  local co = make_coroutine(f, "create")
   return co
 end
 
@@ -394,7 +427,8 @@ local function co_resume(co, ...)
     -- not a library coroutine (made before install(), or by C code): one
     -- from its first resume here on, created by the resumer (as the C core
     -- does)
-    if type(co) ~= "thread" or raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
+    if type(co) ~= "thread" then argerror("resume", raw_resume, co, ...) end
+    if raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
     rec = adopt(co)
   end
   local prev = cur
@@ -431,7 +465,7 @@ local function wrap_end(ok, ...)
 end
 
 local function co_wrap(f)
-  local co = co_create(f)
+  local co = make_coroutine(f, "wrap")
   return function(...)
     return wrap_end(co_resume(co, ...))
   end
