@@ -401,6 +401,21 @@ local function resume_start(rec)
   return failed, first
 end
 
+-- On LuaJIT the library's yield sets `yielded`, which the resume it
+-- returns to reads and clears: a coroutine that yielded through it is alive
+-- without asking coroutine.status (a yield made otherwise is found by
+-- asking).  On PUC Lua the status costs less than a Lua call: the
+-- runtime's yield is kept.
+local yielded = false
+local raw_yield = stdco.yield
+local co_yield = raw_yield
+if rawget(_G, "jit") then
+  co_yield = function(...)
+    yielded = true
+    return raw_yield(...)
+  end
+end
+
 -- a resume begun with nothing to emit before the slice: the resumer's
 -- record back, unless the slice needs more (a hook enabled in it, a scope
 -- it opened, its destroy: when it ran, as nothing else enables hooks)
@@ -412,7 +427,11 @@ local function quick_end(co, rec, prev, ...)
     cur = prev
     -- (a dead one's entry goes now: a weak table full of dead threads costs
     -- every collection cycle)
-    if raw_status(co) == "dead" then recs[co] = nil end
+    if yielded then
+      yielded = false
+    elseif raw_status(co) == "dead" then
+      recs[co] = nil
+    end
     if has_pending() then
       local failed, e = flush_pending()
       if failed then raise(e) end
@@ -434,6 +453,7 @@ local function co_resume(co, ...)
   local prev = cur
   if n_before + n_after == 0 and rec.sc == nil then
     -- (a coroutine that is not suspended: Lua's own answer, nothing ran)
+    yielded = false
     cur = rec
     return quick_end(co, rec, prev, raw_resume(co, ...))
   end
@@ -475,7 +495,7 @@ end
 -- not before Lua 5.4).
 B.coroutine = {
   create = co_create, wrap = co_wrap, resume = co_resume,
-  yield = stdco.yield, status = stdco.status, running = stdco.running,
+  yield = co_yield, status = stdco.status, running = stdco.running,
   isyieldable = stdco.isyieldable,
 }
 
@@ -849,7 +869,8 @@ local function make_preload(host)
   end
 end
 
-local PATCHED = { "create", "wrap", "resume" }
+-- (yield: only where it differs, on LuaJIT)
+local PATCHED = { "create", "wrap", "resume", co_yield ~= raw_yield and "yield" or nil }
 
 --- Patch `coroutine` and luv.  `opts` was type- and key-checked by the api;
 -- everything is checked before anything is patched.
