@@ -23,8 +23,8 @@ files["lua/async_hooks/backend/luv_lua.lua"] = { std = "luajit", globals = { "co
   read_globals = { table = { fields = { "unpack" } }, package = { fields = { "searchers" } } } }
 files["lua/async_hooks/luv_specs.lua"] = { std = "luajit" }
 -- the portable specs (and the support files they load) run on every runtime
-files["spec/23-portable_spec.lua"] = { std = "luajit+busted" }
-files["spec/24-portable_luv_spec.lua"] = { std = "luajit+busted" }
+files["spec/25-portable_spec.lua"] = { std = "luajit+busted" }
+files["spec/26-portable_luv_spec.lua"] = { std = "luajit+busted" }
 files["spec/support/portable.lua"] = { std = "luajit" }
 files["spec"] = { std = "+busted" }
 files["tests/faults.lua"] = { globals = { "coroutine" } }

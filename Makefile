@@ -53,7 +53,7 @@ test: build
 test-fast: build
 	$(call PATHS,$(TREE)) && $(BUSTED) --run=fast $(BUSTED_ARGS)
 
-# The portable specs (spec/23-*, spec/24-*, the differential test) under
+# The portable specs (spec/25-*, spec/26-*, the differential test) under
 # every other runtime the library supports, each with the pure-Lua backend
 # (lua/ as it is: nothing to build) and Debian's luv and busted for it.  An
 # interpreter that is absent, or lacks luv or busted, is skipped, with the

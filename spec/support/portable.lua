@@ -1,4 +1,4 @@
---- What the portable specs (spec/23-*, spec/24-*) need to know of the
+--- What the portable specs (spec/25-*, spec/26-*) need to know of the
 -- runtime they run on, and the pending calls that name why a runtime
 -- cannot do what a test checks.
 local P = {}

@@ -1,5 +1,5 @@
 -- luv callbacks on every runtime the library supports (see
--- spec/23-portable_spec.lua): Lua 5.1 syntax, run under lua5.4 (the C core)
+-- spec/25-portable_spec.lua): Lua 5.1 syntax, run under lua5.4 (the C core)
 -- and luajit, lua5.1, lua5.2, lua5.3 (the pure-Lua backend).
 local uv = require("luv") -- on the main thread, before the library
 local ah = require("async_hooks")
