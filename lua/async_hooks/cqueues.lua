@@ -1,0 +1,178 @@
+--- cqueues integration: a thread made by `cq:wrap(f, ...)` runs in the
+-- context of the code that called `wrap`, and queued `destroy` hooks are
+-- delivered after every `cq:step`.
+--
+-- cqueues makes `wrap`'s thread with `lua_newthread` and resumes every
+-- thread with `lua_resume`, both in C, so the library sees neither.  The
+-- controller methods `wrap` and `step` are replaced (in the method table
+-- that `cqueues.interpose` writes, shared by every controller, those made
+-- earlier included): `wrap(self, f, ...)` becomes `attach(self, co)` with
+-- `co` made by the library's `coroutine.create` (a coroutine that calls
+-- `f(...)`), which is what cqueues' `wrap` does with a thread it made
+-- itself; `step` calls the original and then delivers the queued destroys.
+-- `cqueues.auxlib` keeps the `coroutine.resume` it found when it was loaded:
+-- that saved function is switched to the library's and back.
+-- Used by `async_hooks.install()`; not meant to be required on its own.
+-- @module async_hooks.cqueues
+local core = require("async_hooks.core")
+
+local type, rawget, rawset, select, pairs, setmetatable, pcall, error =
+  type, rawget, rawset, select, pairs, setmetatable, pcall, error
+local dgetmetatable, getupvalue, setupvalue = debug.getmetatable, debug.getupvalue, debug.setupvalue
+local pack, unpack = table.pack, table.unpack
+local create, lib_resume, flush = core.coro.create, core.coro.resume, core.flush
+
+-- the registry name of a controller's metatable (cqueues' C source)
+local CLASS = "Continuation Queue"
+
+local M = {}
+
+--- The method table of cqueues controllers (the `__index` of their
+-- metatable) and that metatable, or nil when cqueues' C module is not
+-- loaded (or is not one this file knows: no `wrap`, `attach` and `step`).
+function M.methods()
+  local mt = rawget(debug.getregistry(), CLASS)
+  local index = type(mt) == "table" and rawget(mt, "__index")
+  if type(index) ~= "table" then return nil end
+  for _, k in pairs({ "wrap", "attach", "step" }) do
+    if type(rawget(index, k)) ~= "function" then return nil end
+  end
+  return index, mt
+end
+
+-- persist.cqueues: { on = installed, tables = { [method table] = { [name] =
+-- { orig = f, mine = f } } }, aux = the upvalue switched in auxlib }
+local function state_of(persist)
+  local st = persist.cqueues
+  if not st then
+    st = { on = false, tables = setmetatable({}, { __mode = "k" }) }
+    persist.cqueues = st
+  end
+  return st
+end
+
+-- (an error raised one level up: at the caller of the function that
+-- tail-called this one)
+local function passed(ok, ...)
+  if ok then return ... end
+  error((...), 2)
+end
+
+-- wrap(self, f, ...): attach(self, co).  A call that the original would
+-- refuse (a bad self, f not a function), and every call once uninstalled,
+-- goes to the original itself with the same arguments, its error raised
+-- again at the caller's line, as without the library (cqueues' message
+-- then names the function '?', not 'wrap').
+local function make_wrap(st, mt, wrap, attach)
+  return function(self, ...)
+    local f = ...
+    if not st.on or type(f) ~= "function" or dgetmetatable(self) ~= mt then
+      return passed(pcall(wrap, self, ...))
+    end
+    local n, co = select("#", ...) - 1, nil
+    if n == 0 then
+      co = create(f)
+    elseif n == 1 then
+      local _, a = ...
+      co = create(function() return f(a) end)
+    elseif n == 2 then
+      local _, a, b = ...
+      co = create(function() return f(a, b) end)
+    else
+      local args = pack(select(2, ...))
+      co = create(function() return f(unpack(args, 1, args.n)) end)
+    end
+    return attach(self, co)
+  end
+end
+
+local function flushed(...)
+  flush()
+  return ...
+end
+
+local function make_step(st, step)
+  return function(self, ...)
+    if not st.on then return step(self, ...) end
+    return flushed(step(self, ...))
+  end
+end
+
+-- Put the library's methods into the method table `index` (idempotent).
+-- A method of ours that someone else interposed over since (it is no
+-- longer in the table but is still called by theirs) stays where it is.
+local function patch(st, index, mt)
+  local rec = st.tables[index]
+  if not rec then
+    rec = {}
+    st.tables[index] = rec
+  end
+  for _, name in pairs({ "wrap", "step" }) do
+    if not rec[name] then
+      local orig = rawget(index, name)
+      local mine
+      if name == "wrap" then
+        mine = make_wrap(st, mt, orig, rawget(index, "attach"))
+      else
+        mine = make_step(st, orig)
+      end
+      rec[name] = { orig = orig, mine = mine }
+      rawset(index, name, mine)
+    end
+  end
+end
+
+-- the upvalue of auxlib.resume that holds `from`: switched to `to`
+local function switch_auxlib(from, to)
+  local aux = rawget(package.loaded, "cqueues.auxlib")
+  local f = type(aux) == "table" and rawget(aux, "resume")
+  if type(f) ~= "function" then return end
+  local i = 1
+  while true do
+    local name, v = getupvalue(f, i)
+    if name == nil then return end
+    if v == from then
+      setupvalue(f, i, to)
+      return
+    end
+    i = i + 1
+  end
+end
+
+--- Integrate cqueues, when its C module is loaded (idempotent; a method
+-- table made by a reload of `_cqueues` is patched when `attach` is called
+-- again).
+-- @param persist the table that survives re-requires of the module
+-- @param raw_resume the `coroutine.resume` that install() replaced
+-- @return whether cqueues is integrated
+function M.attach(persist, raw_resume)
+  local st = state_of(persist)
+  st.on = true
+  switch_auxlib(raw_resume, lib_resume)
+  local index, mt = M.methods()
+  if not index then return false end
+  patch(st, index, mt)
+  return true
+end
+
+--- Undo `attach`: every method still in its table gets its original back;
+-- one that was interposed over since passes through to its original.
+-- Runs no user code.
+-- @param persist the table given to `attach`
+-- @param raw_resume the `coroutine.resume` that install() replaced
+function M.detach(persist, raw_resume)
+  local st = persist.cqueues
+  if not st then return end
+  st.on = false
+  for index, rec in pairs(st.tables) do
+    for name, r in pairs(rec) do
+      if rawget(index, name) == r.mine then
+        rawset(index, name, r.orig)
+        rec[name] = nil
+      end
+    end
+  end
+  switch_auxlib(lib_resume, raw_resume)
+end
+
+return M
