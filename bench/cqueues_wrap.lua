@@ -4,7 +4,7 @@
 -- installed), "installed", "value" (installed, an AsyncLocal set around
 -- the wraps); args: how many arguments each wrap passes (0 or 2).
 -- Under callgrind, (count(2n) - count(n)) / n is the cost per thread; with
--- BENCH_WALL=1 it prints the wall-clock time per thread instead.
+-- BENCH_WALL=1 it prints the CPU time per thread (os.clock) instead.
 local variant, n, nargs = arg[1], tonumber(arg[2]), tonumber(arg[3] or 0)
 local ah
 if variant ~= "plain" then ah = require("async_hooks") end

@@ -19,7 +19,7 @@ local core = require("async_hooks.core")
 local type, rawget, rawset, select, pairs, setmetatable, pcall, error =
   type, rawget, rawset, select, pairs, setmetatable, pcall, error
 local dgetmetatable, getupvalue, setupvalue = debug.getmetatable, debug.getupvalue, debug.setupvalue
-local pack, unpack = table.pack, table.unpack
+local yield = coroutine.yield
 local create, lib_resume, flush = core.coro.create, core.coro.resume, core.flush
 
 -- the registry name of a controller's metatable (cqueues' C source)
@@ -58,30 +58,31 @@ local function passed(ok, ...)
   error((...), 2)
 end
 
--- wrap(self, f, ...): attach(self, co).  A call that the original would
--- refuse (a bad self, f not a function), and every call once uninstalled,
--- goes to the original itself with the same arguments, its error raised
--- again at the caller's line, as without the library (cqueues' message
--- then names the function '?', not 'wrap').
-local function make_wrap(st, mt, wrap, attach)
+-- A thread's first slice when `wrap` was given arguments: it stops at once
+-- (resumed by lcorolib's own resume: no hook events), holding f and the
+-- arguments; cqueues' first resume, with no values, runs f(...).
+local function primed(f, ...)
+  yield()
+  return f(...)
+end
+
+-- wrap(self, f, ...): attach(self, co), co made by the library's create:
+-- create(f), or with arguments create(primed) resumed once with f and
+-- them.  A call that the original would refuse (a bad self, f not a
+-- function), and every call once uninstalled, goes to the original itself
+-- with the same arguments, its error raised again at the caller's line, as
+-- without the library (cqueues' message then names the function '?', not
+-- 'wrap').
+local function make_wrap(st, mt, wrap, attach, raw_resume)
   return function(self, ...)
     local f = ...
     if not st.on or type(f) ~= "function" or dgetmetatable(self) ~= mt then
       return passed(pcall(wrap, self, ...))
     end
-    local n, co = select("#", ...) - 1, nil
-    if n == 0 then
-      co = create(f)
-    elseif n == 1 then
-      local _, a = ...
-      co = create(function() return f(a) end)
-    elseif n == 2 then
-      local _, a, b = ...
-      co = create(function() return f(a, b) end)
-    else
-      local args = pack(select(2, ...))
-      co = create(function() return f(unpack(args, 1, args.n)) end)
-    end
+    if select("#", ...) == 1 then return attach(self, create(f)) end
+    local co = create(primed)
+    local ok, err = raw_resume(co, ...)
+    if not ok then error(err, 2) end -- (out of memory)
     return attach(self, co)
   end
 end
@@ -112,7 +113,7 @@ local function patch(st, index, mt)
       local orig = rawget(index, name)
       local mine
       if name == "wrap" then
-        mine = make_wrap(st, mt, orig, rawget(index, "attach"))
+        mine = make_wrap(st, mt, orig, rawget(index, "attach"), st.raw_resume)
       else
         mine = make_step(st, orig)
       end
@@ -148,6 +149,7 @@ end
 function M.attach(persist, raw_resume)
   local st = state_of(persist)
   st.on = true
+  st.raw_resume = st.raw_resume or raw_resume
   switch_auxlib(raw_resume, lib_resume)
   local index, mt = M.methods()
   if not index then return false end
