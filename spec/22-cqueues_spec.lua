@@ -118,6 +118,25 @@ describe("cqueues", function()
     ]], SORTED, { "mine", "mine\t1" })
   end)
 
+  it("auxlib.wrap and auxlib.resume inside a thread: the thread's values, before/after", function()
+    run(RECORD .. [[
+      ah.install()
+      local cqueues = require("cqueues")
+      local auxlib = require("cqueues.auxlib")
+      local v = ah.AsyncLocal.new()
+      local cq = cqueues.new()
+      v:run("outer", function()
+        cq:wrap(function()
+          local f = auxlib.wrap(function() cqueues.sleep(0.001); return v:get() end)
+          print(f())
+        end)
+      end)
+      assert(cq:loop())
+      print(count("before") >= 2, count("before") == count("after"))
+      protocol_ok()
+    ]], { "outer", "true\ttrue" })
+  end)
+
   it("cq:attach(coroutine.create(f)) captures the frame of the create call", function()
     run([[
       local ah = require("async_hooks").install()
@@ -145,8 +164,8 @@ describe("cqueues", function()
       local ids = {}
       cq:wrap(function()
         ids.outer = ah.executionAsyncId()
-        for i = 1, 3 do
-          cq:wrap(function() ids[i] = ah.executionAsyncId(); cqueues.sleep(0.001) end)
+        for i = 1, 3 do -- (with arguments: a first slice of the library's own, unseen)
+          assert(cq:wrap(function(j) ids[j] = ah.executionAsyncId(); cqueues.sleep(0.001) end, i) == cq)
         end
         cqueues.sleep(0.002)
       end)
