@@ -16,11 +16,12 @@
 -- @module async_hooks.cqueues
 local core = require("async_hooks.core")
 
-local type, rawget, rawset, select, pairs, setmetatable, pcall, error =
-  type, rawget, rawset, select, pairs, setmetatable, pcall, error
-local dgetmetatable, getupvalue, setupvalue = debug.getmetatable, debug.getupvalue, debug.setupvalue
+local type, rawget, rawset, select, pairs, setmetatable, error =
+  type, rawget, rawset, select, pairs, setmetatable, error
+local getupvalue, setupvalue = debug.getupvalue, debug.setupvalue
 local yield = coroutine.yield
 local create, lib_resume, flush = core.coro.create, core.coro.resume, core.flush
+local interpose = core.interpose
 
 -- the registry name of a controller's metatable (cqueues' C source)
 local CLASS = "Continuation Queue"
@@ -51,13 +52,6 @@ local function state_of(persist)
   return st
 end
 
--- (an error raised one level up: at the caller of the function that
--- tail-called this one)
-local function passed(ok, ...)
-  if ok then return ... end
-  error((...), 2)
-end
-
 -- A thread's first slice when `wrap` was given arguments: it stops at once
 -- (resumed by lcorolib's own resume: no hook events), holding f and the
 -- arguments; cqueues' first resume, with no values, runs f(...).
@@ -66,24 +60,26 @@ local function primed(f, ...)
   return f(...)
 end
 
--- wrap(self, f, ...): attach(self, co), co made by the library's create:
--- create(f), or with arguments create(primed) resumed once with f and
--- them.  A call that the original would refuse (a bad self, f not a
--- function), and every call once uninstalled, goes to the original itself
--- with the same arguments, its error raised again at the caller's line, as
--- without the library (cqueues' message then names the function '?', not
--- 'wrap').
-local function make_wrap(st, mt, wrap, attach, raw_resume)
-  return function(self, ...)
-    local f = ...
-    if not st.on or type(f) ~= "function" or dgetmetatable(self) ~= mt then
-      return passed(pcall(wrap, self, ...))
-    end
-    if select("#", ...) == 1 then return attach(self, create(f)) end
+-- wrap's work, for a call the stand-in passed on (self a controller, f a
+-- function): attach(self, co), co made by the library's create: create(f),
+-- or with arguments create(primed) resumed once with f and them.  Once
+-- uninstalled (a stand-in that another interposition still calls), the
+-- original's.
+local function make_wrap(st, wrap, attach, raw_resume)
+  return function(self, f, ...)
+    if not st.on then return wrap(self, f, ...) end
+    if select("#", ...) == 0 then return attach(self, create(f)) end
     local co = create(primed)
-    local ok, err = raw_resume(co, ...)
+    local ok, err = raw_resume(co, f, ...)
     if not ok then error(err, 2) end -- (out of memory)
     return attach(self, co)
+  end
+end
+
+-- after every step: the queued destroys
+local function make_post(st)
+  return function()
+    if st.on then flush() end
   end
 end
 
@@ -92,6 +88,8 @@ local function flushed(...)
   return ...
 end
 
+-- step as a Lua function (cqueues' own `step` is one: its errors come from
+-- the C method it calls, named and positioned there, with or without us)
 local function make_step(st, step)
   return function(self, ...)
     if not st.on then return step(self, ...) end
@@ -99,9 +97,16 @@ local function make_step(st, step)
   end
 end
 
--- Put the library's methods into the method table `index` (idempotent).
--- A method of ours that someone else interposed over since (it is no
--- longer in the table but is still called by theirs) stays where it is.
+local function is_c(f)
+  return type(f) == "function" and debug.getinfo(f, "S").what == "C"
+end
+
+-- Put the library's methods into the method table `index` (idempotent):
+-- stand-ins made by core.interpose, through which cqueues' own methods
+-- raise their own argument errors (a call the stand-in does not take is
+-- cqueues' method running in the stand-in's frame).  A method of ours that
+-- someone else interposed over since (it is no longer in the table but is
+-- still called by theirs) stays where it is.
 local function patch(st, index, mt)
   local rec = st.tables[index]
   if not rec then
@@ -113,12 +118,16 @@ local function patch(st, index, mt)
       local orig = rawget(index, name)
       local mine
       if name == "wrap" then
-        mine = make_wrap(st, mt, orig, rawget(index, "attach"), st.raw_resume)
+        mine = is_c(orig) and interpose(orig, mt, make_wrap(st, orig, rawget(index, "attach"), st.raw_resume))
+      elseif is_c(orig) then
+        mine = interpose(orig, nil, orig, make_post(st))
       else
         mine = make_step(st, orig)
       end
-      rec[name] = { orig = orig, mine = mine }
-      rawset(index, name, mine)
+      if mine then -- (nil: a method this file does not know how to stand in for)
+        rec[name] = { orig = orig, mine = mine }
+        rawset(index, name, mine)
+      end
     end
   end
 end
