@@ -138,6 +138,11 @@ describe("debug mode #debug", function()
       H.child_ok(concat(LOSING_OUT, reports(lines)), child(lines))
     end)
 
+    it("still after an install() without the option", function()
+      local lines = losing("install { debug = collect }; ah.install()")
+      H.child_ok(concat(LOSING_OUT, reports(lines)), child(lines))
+    end)
+
     it("to stderr (debug = true), one line each", function()
       local lines = losing("install { debug = true }")
       local status, out, err = child(lines)
