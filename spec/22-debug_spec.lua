@@ -251,6 +251,16 @@ describe("debug mode #debug", function()
     end)
   end)
 
+  it("survives its registry entry damaged by the debug library: nothing reported", function()
+    local find = "for k, t in pairs(debug.getregistry()) do " ..
+      "if type(k) == 'userdata' and type(t) == 'table' and type(t[1]) == 'function' and type(t[2]) == 'table' then "
+    for _, damage in ipairs { "t[1], t[2] = 42, 42", "t[1] = {}", "debug.getregistry()[k] = 42" } do
+      local lines = losing("install { debug = collect }; " .. find .. damage .. " end end")
+      local status, out, err = child(lines)
+      H.child_ok(LOSING_OUT, status, out, err, damage)
+    end
+  end)
+
   it("drops the errors of the debug function: the program goes on", function()
     local lines = losing("install { debug = function(m) collect(m); error('oops') end }")
     H.child_ok(concat(LOSING_OUT, reports(lines)), child(lines))
