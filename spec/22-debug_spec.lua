@@ -177,6 +177,13 @@ describe("debug mode #debug", function()
       }, child(lines))
     end)
 
+    it("also when the host owns LUA_EXTRASPACE (registry field async_hooks.host_extraspace)", function()
+      local lines = losing("install { debug = collect }")
+      table.insert(lines, 1, "debug.getregistry()['async_hooks.host_extraspace'] = true")
+      table.insert(lines, #lines, "assert(require('async_hooks.core').stats().extraspace == false)")
+      H.child_ok(concat(LOSING_OUT, reports(lines)), child(lines))
+    end)
+
     it("a callback given to a luv function patched nowhere (a callable table: its __call)", function()
       local lines = {
         "local uv = require('luv')",
