@@ -120,7 +120,7 @@ describe("bad input", function()
       { function() ah:install() end, "got the async_hooks module %(call with '%.', not ':'%)" },
       { function() ah.install { luv = 5 } end, "^bad argument #1 to 'install' %(luv module in opts.luv expected, got number%)$" },
       { function() ah.install { luv = {} } end, "luv module in opts.luv expected, got a table without 'new_check'" },
-      { function() ah.install { lvu = uv } end, "unknown option 'lvu'; accepted: luv" },
+      { function() ah.install { lvu = uv } end, "unknown option 'lvu'; accepted: debug, luv" },
       { function() co.create({}) end, "function expected" },
       { function() co.resume("x") end, "thread expected" },
       { function() co.wrap(nil) end, "function expected" },
@@ -211,7 +211,7 @@ describe("the api layer under LuaJIT", function()
       local B = { name = "stub", persist = {}, install_options = { luv = true }, coroutine = coroutine }
       for _, k in ipairs { "current_frame", "empty_frame", "executionAsyncId", "triggerAsyncId",
         "executionAsyncResource", "emit_init", "emit_destroy", "flush", "gc_token", "hook_enable", "hook_disable",
-        "uninstall", "install" } do B[k] = nop end
+        "uninstall", "install", "set_debug" } do B[k] = nop end
       B.newtoken = function() return {} end
       B.getter = function() return function(self) return self.default end end
       B.setter = function() return nop end

@@ -9,6 +9,7 @@
 local core = require("async_hooks.core")
 local luvmod = require("async_hooks.luv")
 local cqmod = require("async_hooks.cqueues")
+local errors = require("async_hooks.errors")
 
 -- One backend per Lua state: busted (and others) may re-run this file.
 local persist = core.persist()
@@ -126,7 +127,32 @@ B.coroutine = {
 }
 
 B.luv_covered = luvmod.covered
-B.install_options = { luv = true }
+B.install_options = { luv = true, debug = true }
+
+-- Debug mode (the api's report(kind, where), or nil: off).  The C core
+-- calls the function below, protected, with 1 when a thread it did not
+-- create first touches the library while a value is set somewhere, with 2
+-- and the callback when luv runs a plain callback that none of the
+-- library's luv wrappers saw (every callback they see goes into `seen`,
+-- and so does every one reported: each is looked at once).
+local user_site, def_site, body_site = errors.user_site, errors.def_site, errors.body_site
+local seen = setmetatable({}, { __mode = "k" })
+
+function B.set_debug(report)
+  if report == nil then
+    core.set_debug(nil)
+    return
+  end
+  core.set_debug(function(kind, fn)
+    if kind == 1 then
+      report("coroutine", user_site(2) or "?", body_site())
+    else
+      seen[fn] = true
+      local where = def_site(fn)
+      if where then report("luv", where) end
+    end
+  end, seen)
+end
 
 -- what attach() and the preload path use of a luv module
 local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
