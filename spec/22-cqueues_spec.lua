@@ -306,6 +306,33 @@ describe("cqueues", function()
     assert.equal(plain, norm(run(script:format('require("async_hooks").install()'))))
   end)
 
+  it("stand-ins damaged through the debug library raise or pass calls on, never crash", function()
+    run([[
+      local cqueues = require("cqueues")
+      require("async_hooks").install()
+      local index = debug.getmetatable(cqueues.new()).__index
+      local junk = { 42, "x", {}, tostring, function() end, coroutine.create(print) }
+      local n, ok = 0, 0
+      for _, name in ipairs({ "wrap", "step" }) do
+        local f = index[name]
+        for up = 9, 12 do -- the stand-in's own: orig, mt, impl, post
+          local _, keep = debug.getupvalue(f, up)
+          for _, v in ipairs(junk) do
+            debug.setupvalue(f, up, v)
+            local cq = cqueues.new()
+            n = n + 1
+            if pcall(f, cq, function() end) then ok = ok + 1 end
+            pcall(f, 1, 2)
+          end
+          debug.setupvalue(f, up, keep)
+        end
+      end
+      local cq = cqueues.new()
+      assert(cq:wrap(function() end) == cq and cq:loop())
+      print(n, ok > 0)
+    ]], { "48\ttrue" })
+  end)
+
   it("an error in a wrapped thread reaches cq:loop as without the library", function()
     local script = [[
       %s
