@@ -70,6 +70,17 @@ local SERVER = table.concat({
       ah.install(); ah.install()
       ngx.say(patched, " ", restored, " ", tostring(installed), " ", tostring(ah.installed()))
     } }]],
+  [[location /debug_opt { content_by_lua_block {
+      local ah = require("async_hooks")
+      local heard = 0
+      ah.install { debug = function() heard = heard + 1 end }
+      local v = ah.AsyncLocal.new()
+      v:set(1)
+      local got = coroutine.wrap(function() return v:get() end)()
+      local ok, e = pcall(ah.install, { debug = 1 })
+      ah.install { debug = false }
+      ngx.say(got, " ", heard, " ", tostring(ok), " ", e:match("bad argument.*"))
+    } }]],
 }, "\n    ")
 
 local HTTP = [[
@@ -293,6 +304,11 @@ describe("#openresty async_hooks in nginx + ngx_lua", function()
       assert.are.equal(t.without, t.with, carrier)
     end
     assert.are.equal(18, n)
+  end)
+
+  it("install accepts and checks the debug option (which finds nothing here)", function()
+    assert.are.equal("1 0 false bad argument #1 to 'install' (opts.debug must be a boolean or function, got number)",
+      get("/debug_opt"))
   end)
 
   it("uninstall restores every patched function exactly; install is idempotent", function()

@@ -184,6 +184,9 @@ typedef struct ah_state {
   ** open in it (set by ah_open_scope; anchors.c calls it without knowing
   ** scope.c); 0 if none is open */
   int (*own_resource)(lua_State *L, int thread_idx);
+  /* the diagnostic of silent context loss is on (install{debug}): the
+  ** paths it watches test this flag alone (see base.c's ah_debug_report) */
+  int debug;
   ah_slot inline_slots[AH_INLINE];
 } ah_state;
 

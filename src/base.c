@@ -178,8 +178,82 @@ static int l_set_libdir(lua_State *L) {
   return 0;
 }
 
+/* registry[&ah_debug_key] = {report, seen} while debug mode is on.  The
+** registry, not the aux table: luv can call back from its own C functions,
+** where the core's upvalues are not at hand (the key is reachable from Lua
+** as a light userdata: it points to a null pointer, see ah.h, AH_NULLOBJ) */
+static const void *const ah_debug_key = NULL;
+
+/* push the entry i of the debug table: 1 with it pushed, else 0 with
+** nothing pushed (debug mode off, or the table damaged); needs 2 slots */
+static int debug_entry(lua_State *L, int i, int type) {
+  int top = lua_gettop(L);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ah_debug_key) == LUA_TTABLE &&
+      lua_rawgeti(L, -1, i) == type) {
+    lua_remove(L, -2);
+    return 1;
+  }
+  lua_settop(L, top);
+  return 0;
+}
+
+void ah_debug_report(lua_State *L, int kind, int idx) {
+  int top = lua_gettop(L);
+  if (idx) idx = lua_absindex(L, idx);
+  /* (only what cannot raise: luv's dispatch calls this) */
+  if (!lua_checkstack(L, 4)) return;
+  if (idx && debug_entry(L, 2, LUA_TTABLE)) {
+    lua_pushvalue(L, idx);
+    if (lua_rawget(L, -2) != LUA_TNIL) {
+      lua_settop(L, top);
+      return;
+    }
+    lua_settop(L, top);
+  }
+  if (debug_entry(L, 1, LUA_TFUNCTION)) {
+    lua_pushinteger(L, kind);
+    if (idx) lua_pushvalue(L, idx); else lua_pushnil(L);
+    (void)lua_pcall(L, 2, 0, 0); /* (a diagnostic: its errors are dropped) */
+  }
+  lua_settop(L, top);
+}
+
+void ah_debug_seen(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 3, "async_hooks");
+  if (debug_entry(L, 2, LUA_TTABLE)) {
+    lua_pushvalue(L, idx);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
+}
+
+/* set_debug(report, seen): debug mode on, with the function that hears of
+** what it finds and the (weak-keyed) set of callbacks the luv wrappers
+** saw; set_debug(nil): off */
+static int l_set_debug(lua_State *L) {
+  ah_state *st = ah_st(L);
+  if (lua_isnoneornil(L, 1)) {
+    st->debug = 0;
+    lua_pushnil(L);
+  } else {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_createtable(L, 2, 0);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, 2);
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &ah_debug_key);
+  if (!lua_isnoneornil(L, 1)) st->debug = 1;
+  return 0;
+}
+
 static const luaL_Reg base_funcs[] = {
   {"set_libdir", l_set_libdir},
+  {"set_debug", l_set_debug},
   {NULL, NULL}
 };
 

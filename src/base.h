@@ -60,7 +60,16 @@ void ah_new_metatable(lua_State *L, const char *name, const char *event,
 void ah_weak_table(lua_State *L, const char *mode, int narr);
 int ah_callable(lua_State *L, int idx);
 void ah_where(lua_State *L, int level);
-/* module table on top: the internal objects' metatable, set_libdir */
+/* The diagnostic of silent context loss (set_debug; on while st->debug):
+** report(kind, value) of the Lua front end, called protected, its errors
+** dropped; never raises.  value (at idx; 0: none) is left out when it is in
+** the set of callbacks the luv wrappers saw (ah_debug_seen) */
+enum { AH_DEBUG_COROUTINE = 1, AH_DEBUG_LUV };
+AH_COLD void ah_debug_report(lua_State *L, int kind, int idx);
+/* the value at idx goes into that set (allocates) */
+AH_COLD void ah_debug_seen(lua_State *L, int idx);
+/* module table on top: the internal objects' metatable, set_libdir,
+** set_debug */
 void ah_open_base(lua_State *L);
 
 #endif

@@ -16,6 +16,7 @@
 #include "resource.h"
 #include "scope.h"
 #include "coro.h"
+#include "interpose.h"
 #include "luv/luv.h"
 
 /* registry[&ah_key] = module table.  The key is reachable from Lua as a
@@ -144,6 +145,7 @@ static int build(lua_State *L) {
   ah_open_scope(L);
   ah_open_coro(L);
   ah_open_luv(L);
+  ah_open_interpose(L);
   ah_register_main(L); /* needs the slot store and the empty frame */
   return 1;
 }

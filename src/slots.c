@@ -463,9 +463,11 @@ static int pend_gc(lua_State *L) {
 
 /* A thread that never got a slot: a coroutine created behind the library's
 ** back (before install(), or by C code).  It gets an empty frame and a
-** fresh asyncId the first time it touches the library. */
+** fresh asyncId the first time it touches the library.  In debug mode,
+** once a value was set anywhere (a frame was made), that is reported: it
+** sees every value at its default. */
 int ah_slot_slow(lua_State *L, ah_state *st) {
-  int s;
+  int s, lost = 0;
   if (!st->extra) { /* the host owns the extra space: a one-entry cache */
     s = st->last_slot;
     /* slots[s].L can be a collected thread whose address L reuses (its
@@ -486,9 +488,12 @@ int ah_slot_slow(lua_State *L, ah_state *st) {
     return s;
   }
   lua_rawgeti(L, AH_UV_AUX, AUX_EMPTY);
+  /* (not one that gave its slot back: it finished) */
+  if (ah_unlikely(st->debug)) lost = st->lastf && ah_slot_find(L, st, L, -2) == 0;
   s = ah_register(L, st, -2, -1, 0, AH_KFOREIGN);
   lua_pop(L, 2);
   st->last_slot = s;
+  if (ah_unlikely(lost)) ah_debug_report(L, AH_DEBUG_COROUTINE, 0);
   return s;
 }
 

@@ -103,6 +103,12 @@ local CONTRACT = {
   -- everything else before it patches anything; returns nothing when done,
   -- or a key of REFUSED and its arguments (nothing patched)
   { "install", "function" },
+  -- set_debug(report): debug mode on, or off (nil).  The backend calls
+  -- report(kind, where[, origin]) for what it finds: kind a key of
+  -- DEBUG_FOUND, where "file:line", origin (coroutines) "file:line" of the
+  -- coroutine's function or nil; as often as it likes (the api reports
+  -- each site once).  A backend that finds nothing accepts it all the same
+  { "set_debug", "function" },
   { "uninstall", "function" },
   { "installed", "function" },
   { "luv_covered", "table", optional = true }, -- sorted names of wrapped luv functions
@@ -122,6 +128,21 @@ local REFUSED = {
   missing = function(what) return what .. " are missing" end,
   unpatchable = function(k, v) return ("cannot patch %s (a %s)"):format(k, type(v)) end,
 }
+
+-- What debug mode reports (B.set_debug): what happened at `where` and its
+-- likely cause, one line each (%s: the origin, or nothing).
+local DEBUG_FOUND = {
+  -- where: the user's code that called the library
+  coroutine = "context read in a coroutine%s that async_hooks neither created nor resumed: " ..
+    "every AsyncLocal reads its default there (likely cause: a coroutine.wrap or " ..
+    "coroutine.resume saved before install(), or a coroutine made or resumed by C code)",
+  -- where: the callback's definition
+  luv = "luv callback runs in the empty context: every AsyncLocal reads its default " ..
+    "there (likely cause: it was registered through a luv function saved in a local " ..
+    "before install(), or before install() itself)",
+}
+-- how an origin is shown
+local DEBUG_ORIGIN = { coroutine = " (its function: %s)" }
 
 -- The message for what B.install returned, or nil when it was done.
 local function refused(why, ...)
@@ -813,32 +834,79 @@ return function(B)
     INSTALL_KEYS = keys(list)
   end
 
+  -- debug mode: each site is reported once per program run
+  local reported = {}
+
+  local function to_stderr(msg)
+    io.stderr:write(msg, "\n")
+  end
+
+  --- The report function of debug mode for B.set_debug: each finding
+  -- once per site, as one line, to sink.
+  local function reporter(sink)
+    return function(kind, where, origin)
+      local key = kind .. " " .. where
+      if reported[key] then return end
+      reported[key] = true
+      local o = origin and DEBUG_ORIGIN[kind] and DEBUG_ORIGIN[kind]:format(origin) or ""
+      sink(("async_hooks debug: %s: " .. DEBUG_FOUND[kind]):format(where, o))
+    end
+  end
+
+  --- nil when opts.debug is nil, a boolean or a function, else the message.
+  local function check_debug(opts)
+    local d = opts and opts.debug
+    if d ~= nil and type(d) ~= "boolean" and not callable(d) then
+      return "bad argument #1 to 'install' (opts.debug must be a boolean or function, got " .. shown(d) .. ")"
+    end
+  end
+
   --- Patch what carries context, so that existing code propagates it.  On
   -- Lua 5.4: the global `coroutine` library's `create`, `wrap`, `resume` and
   -- `close`, and luv (loaded, given as `opts.luv`, or required later: until
   -- then a metatable on `package.loaded` waits for it): its callback-taking
-  -- functions (@{luv_covered}), the `__index` of its metatables and `uv.run`.
-  -- Inside OpenResty: `coroutine.create`, `wrap` and `yield`, `ngx.thread`
+  -- functions (@{luv_covered}), the `__index` of its metatables and `uv.run`;
+  -- cqueues (loaded or required later): its controller methods `wrap` and
+  -- `step`.  Inside OpenResty: `coroutine.create`, `wrap` and `yield`, `ngx.thread`
   -- and `ngx.timer`.  `uninstall()` puts every original back.  Idempotent.
   -- Checks everything before it patches anything.
-  -- @tparam[opt] table opts `{luv = module}`
+  -- `opts.debug` turns on debug mode, which reports where context is lost
+  -- silently (a coroutine the library did not create reads a value, a luv
+  -- callback registered behind its back runs): `true` writes one line per
+  -- site to stderr, a function is called with that line instead, `false`
+  -- turns it off; nil leaves it as it is, unless the environment variable
+  -- `ASYNC_HOOKS_DEBUG` is set (and not `0`): then it is `true`.
+  -- @tparam[opt] table opts `{luv = module, debug = boolean|function}`
   -- @return the module
-  ---@param opts {luv: table?}|nil
+  ---@param opts {luv: table?, debug: boolean|fun(msg: string)|nil}|nil
   ---@return async_hooks
   function M.install(opts)
-    local msg = check_opts(opts, INSTALL_KEYS, 1, "install")
+    local msg = check_opts(opts, INSTALL_KEYS, 1, "install") or check_debug(opts)
     if msg then raise(msg) end
     local why = refused(B.install(opts))
     if why then raise("bad argument #1 to 'install' (" .. why .. ")") end
+    local d = opts and opts.debug
+    if d == nil then
+      local env = os.getenv("ASYNC_HOOKS_DEBUG")
+      if env ~= nil and env ~= "" and env ~= "0" then d = true end
+    end
+    if d == true then
+      B.set_debug(reporter(to_stderr))
+    elseif d == false then
+      B.set_debug(nil)
+    elseif d ~= nil then
+      B.set_debug(reporter(function(line) d(line) end))
+    end
     return M
   end
 
-  --- Restore every patched function (the original values) and remove what
-  -- waits for luv to be required.  Runs no user code.
+  --- Restore every patched function (the original values), remove what
+  -- waits for luv to be required and end debug mode.  Runs no user code.
   -- @return the module
   ---@return async_hooks
   function M.uninstall()
     B.uninstall()
+    B.set_debug(nil)
     return M
   end
 

@@ -41,4 +41,53 @@ function M.raise(msg)
   error(msg, level)
 end
 
+local function in_lib(info)
+  return LIBDIR ~= nil and info.source:sub(1, #LIBDIR) == LIBDIR
+end
+
+--- Where the user's code runs: `short_src:currentline` of the nearest Lua
+-- function at `level` or above (1: the caller of user_site) that is not
+-- the library's (its C functions and Lua files are passed as raise passes
+-- them), or nil when there is none.
+function M.user_site(level)
+  level = level + 1
+  local info = getinfo(level, "Sl")
+  while info do
+    if info.what ~= "C" and not in_lib(info) then
+      return info.short_src .. ":" .. info.currentline
+    end
+    level = level + 1
+    info = getinfo(level, "Sl")
+  end
+  return nil
+end
+
+--- Where the function at the bottom of the running thread's stack (a
+-- coroutine's body) is defined: `short_src:linedefined`, or nil for a C
+-- function and for the library's own.
+function M.body_site()
+  local level, info = 2, nil
+  while true do
+    local up = getinfo(level, "S")
+    if not up then break end
+    info, level = up, level + 1
+  end
+  if not info or info.what == "C" or in_lib(info) then return nil end
+  return info.short_src .. ":" .. info.linedefined
+end
+
+--- Where `fn` (a Lua function, or a table or userdata whose `__call` is
+-- one) is defined: `short_src:linedefined`, or nil for a C function and
+-- for the library's own functions.
+function M.def_site(fn)
+  if type(fn) ~= "function" then
+    local mt = dgetmetatable(fn)
+    fn = type(mt) == "table" and rawget(mt, "__call") or nil
+    if type(fn) ~= "function" then return nil end
+  end
+  local info = getinfo(fn, "S")
+  if info.what == "C" or in_lib(info) then return nil end
+  return info.short_src .. ":" .. info.linedefined
+end
+
 return M

@@ -735,6 +735,21 @@ static AH_NOINLINE int in_coroutine_event(lua_State *L, ah_state *st, int nargs,
   return ret;
 }
 
+/* Debug mode: the callback at base is a plain one (no record of the
+** library's) that no wrapper saw, while a value was set somewhere (a frame
+** was made): it was registered behind the library's back and runs in the
+** empty context.  Reported before it runs (the report leaves it out once
+** it heard of it); allocates nothing, raises nothing outside the report's
+** protected call. */
+static AH_COLD void debug_plain(lua_State *L, const ah_state *st, int nargs) {
+  int base = lua_gettop(L) - nargs, t = lua_type(L, base);
+  lua_CFunction f = lua_tocfunction(L, base);
+  if (t == LUA_TUSERDATA || f == ah_luv_q_fn || f == ah_luv_rec_fn ||
+      f == ah_luv_rec_fn1 || !st->lastf)
+    return;
+  ah_debug_report(L, AH_DEBUG_LUV, base);
+}
+
 /* The callback's path: recognised once, the first that fits taken.
 ** in_run: inside the library's uv.run (the inline paths need its frame:
 ** its stack reserved, its upvalues). */
@@ -745,6 +760,7 @@ static AH_ALWAYS_INLINE int cb_dispatch(lua_State *L, ah_luv *lv, int in_run,
   uintptr_t s;
   int known, a, base = 0, q = 0;
   if (ah_unlikely(st->ov.slot)) return in_coroutine_event(L, st, nargs, nresults, flags);
+  if (ah_unlikely(st->debug)) debug_plain(L, st, nargs);
   flags |= lv->flags;
   /* the slot from the extra space (safe to read even when the host owns
   ** it: a value passes only if slot s names this very thread); when the

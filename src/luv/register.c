@@ -97,6 +97,13 @@ static int find_callback(lua_State *L, const ah_spec *sp) {
   return 0;
 }
 
+/* debug mode: the callback of this call is one a wrapper saw (dispatch.c
+** reports the plain callbacks that none did) */
+static AH_COLD void debug_note(lua_State *L, const ah_spec *sp) {
+  int pos = find_callback(L, sp);
+  if (pos) ah_debug_seen(L, pos);
+}
+
 /* luv accepted the registration of r (at rec, 0: lost): its init (with
 ** its resource when an init hook can see it).  Returns 1 with an error of
 ** the dispatch pushed: the registration's, raised once it is complete */
@@ -512,6 +519,7 @@ static int wrapped(lua_State *L) {
   }
   lv = sp->lv;
   st = lv->st;
+  if (ah_unlikely(st->debug)) debug_note(L, sp);
   s = ah_slot_of(L, st);
   obs = observable(st, s);
   if (ah_likely(!obs && !lv->handles))

@@ -8,13 +8,15 @@
 -- @module async_hooks.backend.lua54
 local core = require("async_hooks.core")
 local luvmod = require("async_hooks.luv")
+local cqmod = require("async_hooks.cqueues")
+local errors = require("async_hooks.errors")
 
 -- One backend per Lua state: busted (and others) may re-run this file.
 local persist = core.persist()
 if persist.backend then return persist.backend end
 
-local type, rawget, pairs, ipairs, setmetatable, select =
-  type, rawget, pairs, ipairs, setmetatable, select
+local type, rawget, pairs, ipairs, setmetatable, select, next =
+  type, rawget, pairs, ipairs, setmetatable, select, next
 local enter, swap, enter_scope = core.enter, core.swap, core.enter_scope
 local hook_counts = core.hook_counts
 local stdco = coroutine
@@ -125,7 +127,32 @@ B.coroutine = {
 }
 
 B.luv_covered = luvmod.covered
-B.install_options = { luv = true }
+B.install_options = { luv = true, debug = true }
+
+-- Debug mode (the api's report(kind, where), or nil: off).  The C core
+-- calls the function below, protected, with 1 when a thread it did not
+-- create first touches the library while a value is set somewhere, with 2
+-- and the callback when luv runs a plain callback that none of the
+-- library's luv wrappers saw (every callback they see goes into `seen`,
+-- and so does every one reported: each is looked at once).
+local user_site, def_site, body_site = errors.user_site, errors.def_site, errors.body_site
+local seen = setmetatable({}, { __mode = "k" })
+
+function B.set_debug(report)
+  if report == nil then
+    core.set_debug(nil)
+    return
+  end
+  core.set_debug(function(kind, fn)
+    if kind == 1 then
+      report("coroutine", user_site(2) or "?", body_site())
+    else
+      seen[fn] = true
+      local where = def_site(fn)
+      if where then report("luv", where) end
+    end
+  end, seen)
+end
 
 -- what attach() and the preload path use of a luv module
 local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
@@ -141,15 +168,16 @@ end
 
 local PATCHED = { "create", "wrap", "resume", "close" }
 
--- luv required after install().  require() stores what a loader returns
--- with an ordinary (not raw) assignment into its loaded table, which
--- reaches `__newindex` while the key is absent: a metatable on that table
--- sees luv arrive after its loader returned, outside the search and the
--- loader, so that require's results, errors and tracebacks are its own.
--- The metatable goes once luv is integrated, and at uninstall().  (This
--- needs Lua 5.2 or later: 5.1's and LuaJIT's require store a sentinel under
--- the name before the loader runs, so the module's own store is no longer
--- a new key.)
+-- luv or cqueues required after install().  require() stores what a loader
+-- returns with an ordinary (not raw) assignment into its loaded table,
+-- which reaches `__newindex` while the key is absent: a metatable on that
+-- table sees the module arrive after its loader returned, outside the
+-- search and the loader, so that require's results, errors and tracebacks
+-- are its own.  The metatable goes once every module it waits for (luv,
+-- cqueues) is integrated, and at uninstall().  (This needs Lua 5.2 or
+-- later: 5.1's and LuaJIT's require store a sentinel under the name before
+-- the loader runs, so the module's own store is no longer a new key.)
+-- persist.want: the names still awaited, each true.
 local LOADED = debug.getregistry()._LOADED
 
 local function looks_like_luv(v)
@@ -162,19 +190,31 @@ end
 
 local function unwatch()
   local mt = persist.watch
+  persist.want = nil
   if mt then
     persist.watch = nil
     if debug.getmetatable(LOADED) == mt then setmetatable(LOADED, nil) end
   end
 end
 
+-- integrate the module `name` (when `mod` is it); true when done
+local function integrate(name, mod)
+  if name == "luv" then
+    if not looks_like_luv(mod) then return false end
+    luvmod.attach(mod, persist)
+    return true
+  end
+  return cqmod.attach(persist, persist.coroutine.resume)
+end
+
 local function watch()
   local mt = {}
   function mt.__newindex(t, k, v)
     rawset(t, k, v)
-    if k == "luv" and persist.watch == mt and looks_like_luv(v) then
-      unwatch()
-      luvmod.attach(v, persist)
+    local want = persist.want
+    if persist.watch == mt and want[k] and integrate(k, v) then
+      want[k] = nil
+      if next(want) == nil then unwatch() end
     end
   end
   persist.watch = mt
@@ -182,13 +222,14 @@ local function watch()
 end
 
 -- A loaded table with a metatable of its own (the host's) is left alone:
--- then a package.preload.luv entry runs the host's entry or the other
+-- then a package.preload entry runs the host's entry or the other
 -- searchers, and integrates what they return (require answers ":preload:"
--- and the errors are raised from here).
-local function make_preload(host)
-  local function preload(name, ...)
-    package.preload.luv = host
-    persist.preload, persist.host_preload = nil, nil
+-- and the errors are raised from here).  persist.preloads[name] = {entry,
+-- host's entry}.
+local function make_preload(name, host)
+  local function preload(_, ...)
+    package.preload[name] = host
+    persist.preloads[name] = nil
     local mod
     if host ~= nil then
       mod = host(name, ...)
@@ -202,14 +243,49 @@ local function make_preload(host)
       end
       if mod == nil then error("module '" .. name .. "' not found", 2) end
     end
-    if persist.coroutine and not not_luv(mod, "package.preload.luv") then luvmod.attach(mod, persist) end
+    if persist.coroutine and (name ~= "luv" or not not_luv(mod, "package.preload.luv")) then
+      -- cqueues: its module table is the C module's, patched through the
+      -- registry (a module returned by a host's entry is not read)
+      integrate(name, mod)
+    end
     return mod
   end
   return preload
 end
 
---- Patch `coroutine` (and luv).  `opts` was type- and key-checked by the
--- api.  Everything is checked before anything is patched.
+-- wait for the modules in `names` (a list) to be required
+local function await(names)
+  if persist.watch or persist.preloads then
+    -- already waiting: for these too
+    for _, name in ipairs(names) do
+      if persist.watch then
+        persist.want[name] = true
+      elseif not persist.preloads[name] then
+        local host = package.preload[name]
+        persist.preloads[name] = { make_preload(name, host), host }
+        package.preload[name] = persist.preloads[name][1]
+      end
+    end
+    return
+  end
+  if #names == 0 then return end
+  if debug.getmetatable(LOADED) == nil then
+    persist.want = {}
+    for _, name in ipairs(names) do persist.want[name] = true end
+    watch()
+  else
+    persist.preloads = {}
+    for _, name in ipairs(names) do
+      local host = package.preload[name]
+      persist.preloads[name] = { make_preload(name, host), host }
+      package.preload[name] = persist.preloads[name][1]
+    end
+  end
+end
+
+--- Patch `coroutine` (and luv, and cqueues).  `opts` was type- and
+-- key-checked by the api.  Everything is checked before anything is
+-- patched.
 -- @return nothing, or why the options were refused (nothing patched)
 function B.install(opts)
   local uv, where = opts and opts.luv, "opts.luv"
@@ -218,40 +294,39 @@ function B.install(opts)
     local why, a, b = not_luv(uv, where)
     if why then return why, a, b end
   end
-  if uv ~= nil then
-    unwatch()
-    luvmod.attach(uv, persist)
-  elseif not (persist.watch or persist.preload) then
-    -- luv required later: integrated as require stores it
-    if debug.getmetatable(LOADED) == nil then
-      watch()
-    else
-      local host = package.preload.luv
-      persist.host_preload = host
-      persist.preload = make_preload(host)
-      package.preload.luv = persist.preload
-    end
-  end
   if not persist.coroutine then
     local saved = {}
     for _, k in ipairs(PATCHED) do saved[k] = stdco[k]; stdco[k] = coro[k] end
     persist.coroutine = saved
   end
+  local names = {}
+  if uv ~= nil then
+    if persist.want then persist.want.luv = nil end
+    luvmod.attach(uv, persist)
+  elseif not persist.luv then
+    names[#names + 1] = "luv"
+  end
+  -- cqueues: loaded (its C module's method table exists), or awaited
+  if not cqmod.attach(persist, persist.coroutine.resume) then names[#names + 1] = "cqueues" end
+  await(names)
+  if persist.want and next(persist.want) == nil then unwatch() end
 end
 
---- Restore every patched function; remove what waits for luv.
+--- Restore every patched function; remove what waits for luv and cqueues.
 function B.uninstall()
   local saved = persist.coroutine
+  unwatch()
+  persist.want = nil
+  for name, p in pairs(persist.preloads or {}) do
+    if package.preload[name] == p[1] then package.preload[name] = p[2] end
+  end
+  persist.preloads = nil
+  luvmod.detach(persist)
   if saved then
+    cqmod.detach(persist, saved.resume)
     for k, f in pairs(saved) do stdco[k] = f end
     persist.coroutine = nil
   end
-  unwatch()
-  if persist.preload and package.preload.luv == persist.preload then
-    package.preload.luv = persist.host_preload
-  end
-  persist.preload, persist.host_preload = nil, nil
-  luvmod.detach(persist)
 end
 
 function B.installed()

@@ -744,7 +744,12 @@ end
 -- install
 ---------------------------------------------------------------------------
 
-B.install_options = {}
+B.install_options = { debug = true }
+
+-- Debug mode is accepted and finds nothing here: a coroutine that the
+-- library did not create reads its request's context (lookup), and there
+-- is no luv.
+function B.set_debug() end
 
 --- Patch coroutine.create/wrap/yield, ngx.thread.spawn/kill,
 -- ngx.timer.at/every.
