@@ -38,10 +38,11 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.are_not.equal(ah.coroutine.create, coroutine.create)
       assert.equal(ah, ah.install())
       assert.equal(ah.coroutine.create, coroutine.create)
-      assert.equal("bad argument #1 to 'install' (unknown option 'bogus'; accepted: luv)",
+      assert.equal("bad argument #1 to 'install' (unknown option 'bogus'; accepted: debug, luv)",
         H.raised_here(function() ah.install { bogus = 1 } end))
       assert.equal("bad argument #1 to 'install' (luv module in opts.luv expected, got number)",
         H.raised_here(function() ah.install { luv = 5 } end))
+      assert.equal(ah, ah.install { debug = false }) -- accepted everywhere
     end)
   end)
 

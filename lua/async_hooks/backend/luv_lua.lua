@@ -807,7 +807,13 @@ end
 -- install
 ---------------------------------------------------------------------------
 
-B.install_options = { luv = true }
+B.install_options = { luv = true, debug = true }
+
+-- Debug mode is accepted and finds nothing here yet: a read cannot tell,
+-- without a coroutine.running() on every get, that it runs in a coroutine
+-- the library neither made nor resumed (it then reads the context of the
+-- code that resumed it), and no luv callback reaches luv unwrapped.
+function B.set_debug() end
 
 -- what a luv module has (checked before anything is patched)
 local LUV_FUNCS = { "new_timer", "timer_start", "run", "loop_alive" }
