@@ -73,6 +73,17 @@ test-purelua:
 	  $(PURELUA_ENV) $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
 	done; exit $$status
 
+# The wall-clock rows of docs/performance.md#other-lua-versions: each
+# interpreter of PURELUA_LUAS (the pure-Lua backend), then Lua 5.4 (the C
+# core); BENCH_ARGS: the number of rounds
+.PHONY: bench-purelua
+bench-purelua: build
+	@for l in $(PURELUA_LUAS); do \
+	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua: $$l skipped: not installed"; continue; fi; \
+	  $(PURELUA_ENV) $$l bench/runtimes.lua $(BENCH_ARGS); \
+	done
+	$(call PATHS,$(TREE)) && $(LUA) bench/runtimes.lua $(BENCH_ARGS)
+
 asanbuild: deps
 	rm -rf build.luarocks
 	$(STRICT) $(LUAROCKS) --tree $(ASANTREE) make --deps-mode=none $(ROCKSPEC) \

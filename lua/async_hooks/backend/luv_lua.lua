@@ -588,7 +588,7 @@ local function hold(h, slot, rec)
   end
   local old = regs[slot]
   regs[slot] = rec
-  if old ~= nil then end_reg(old) end
+  if old ~= nil and old.tok ~= nil then end_reg(old) end
 end
 
 -- the handle is closed: every registration of it ends
@@ -708,13 +708,14 @@ local function make_wrapper(orig, s)
       end
       return unpack(r, 1, r.n)
     end
-    local w
+    local w = rec
+    rec.cb = cb
     if kind == K_HANDLE then
       hold(h, slot, rec)
-      w = callback(rec, cb, false, s.fn)
     else
-      w = callback(rec, cb, kind ~= K_WORK, s.fn)
+      rec.once = kind ~= K_WORK
     end
+    if s.fn then w = callback(rec, cb, rec.once, true) end
     if n == p then return CALL_WITH[p](orig, w, ...) end
     return orig(replace(p, n, w, ...))
   end
