@@ -926,7 +926,8 @@ return function(B)
   --- The release this code is: `"0.1.0"`.
   -- @field _VERSION
 
-  --- The backend in use: `"lua54"` or `"ngx"`.
+  --- The backend in use: `"lua54"` (the C core), `"ngx"` (OpenResty) or
+  -- `"luv_lua"` (plain Lua: LuaJIT, Lua 5.1 to 5.3).
   ---@type string
   M.backend = B.name
 
