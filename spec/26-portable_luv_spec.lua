@@ -213,6 +213,20 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     uv.run()
   end)
 
+  it("luv's argument errors come out as without the library: named, at the caller's line", function()
+    local t = uv.new_timer()
+    assert.equal("bad argument #1 to 'fs_stat' (string expected, got table)",
+      H.raised_here(function() uv.fs_stat({}) end))
+    assert.equal("bad argument #1 to 'fs_stat' (string expected, got table)",
+      H.raised_here(function() uv.fs_stat({}, function() end) end))
+    assert.equal("bad argument #1 to 'start' (number expected, got string)",
+      H.raised_here(function() t:start("a", 0, function() end) end))
+    assert.equal("bad argument #2 to 'timer_start' (number expected, got string)",
+      H.raised_here(function() uv.timer_start(t, "a", 0, function() end) end))
+    t:close()
+    uv.run()
+  end)
+
   it("an error in a callback keeps its message: luv reports it and exits", function()
     local status, out, err = H.run_lua([[
       local uv = require("luv")

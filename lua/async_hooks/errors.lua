@@ -33,7 +33,8 @@ function M.raise(msg)
   local level = 3 -- 1: raise, 2: the public function, 3: its caller
   if LIBDIR then
     local info = getinfo(level, "S")
-    while info and info.source:sub(1, #LIBDIR) == LIBDIR do
+    -- (Lua 5.1 counts a tail call as a level of its own, "(tail call)")
+    while info and (info.source:sub(1, #LIBDIR) == LIBDIR or info.what == "tail") do
       level = level + 1
       info = getinfo(level, "S")
     end

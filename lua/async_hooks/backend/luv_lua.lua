@@ -639,15 +639,43 @@ local function callback(rec, cb, once, fn)
   return rec
 end
 
--- orig(...) with its last argument (of p) replaced by w, for p = 1 to 5:
--- the common call, the callback last, without a table
+-- pcall(orig, ...) with its last argument (of p) replaced by w, for p = 1
+-- to 5: the common call, the callback last, without a table
 local CALL_WITH = {
-  function(orig, w) return orig(w) end,
-  function(orig, w, a) return orig(a, w) end,
-  function(orig, w, a, b) return orig(a, b, w) end,
-  function(orig, w, a, b, c) return orig(a, b, c, w) end,
-  function(orig, w, a, b, c, d) return orig(a, b, c, d, w) end,
+  function(orig, w) return pcall(orig, w) end,
+  function(orig, w, a) return pcall(orig, a, w) end,
+  function(orig, w, a, b) return pcall(orig, a, b, w) end,
+  function(orig, w, a, b, c) return pcall(orig, a, b, c, w) end,
+  function(orig, w, a, b, c, d) return pcall(orig, a, b, c, d, w) end,
 }
+
+-- Raise e, an error of luv's function called by a wrapper through pcall,
+-- as the user's own call would have raised it: at the user's line, with
+-- the name the user called (`method`: called as a method, where Lua says
+-- "calling 'start' on bad self" for the first argument and counts the
+-- others from the second).
+local function luv_error(name, method, e)
+  if type(e) ~= "string" then error(e, 0) end
+  local n, rest = e:match("^bad argument #(%d+) to '[^']*' (.*)$")
+  if n then
+    n = tonumber(n)
+    if method then n = n - 1 end
+    if n == 0 then
+      e = ("calling '%s' on bad self %s"):format(name, rest)
+    else
+      e = ("bad argument #%d to '%s' %s"):format(n, name, rest)
+    end
+  end
+  raise_at_caller(e)
+end
+
+-- the results of pcall(orig, ...), or its error raised as the user's (a
+-- registration made for the call ends: luv did not take it)
+local function checked(name, method, rec, ok, ...)
+  if ok then return ... end
+  if rec then end_reg(rec) end
+  luv_error(name, method, (...))
+end
 
 -- (...) with argument `pos` replaced by w, `n` arguments in all
 local function replace(pos, n, w, ...)
@@ -665,11 +693,11 @@ local function named(fields, ...)
   return x1, x2
 end
 
--- the wrapper of one luv function (a module function or a method: the
--- same positions, self first).  The original is called in tail position
--- where its results are passed on, so that its own argument errors point
--- at the caller's line.
-local function make_wrapper(orig, s)
+-- The wrapper of one luv function, a module function or a method (the
+-- same positions, self first) called `name` (`method`: in a metatable's
+-- __index).  The original is called through pcall, so that its own errors
+-- come out as the user's call would raise them (luv_error).
+local function make_wrapper(orig, s, name, method)
   local pos, alt, kind, fields, slot = s[2], s[3], s[4], s[6], s.slot
   if kind == K_CLOSE then
     return function(...)
@@ -678,9 +706,9 @@ local function make_wrapper(orig, s)
       local cb
       if n >= pos then cb = select(pos, ...) end
       if type(h) == "userdata" then release(h) end
-      if cb == nil or not callable(cb) then return orig(...) end
+      if cb == nil or not callable(cb) then return checked(name, method, nil, pcall(orig, ...)) end
       local rec = new_reg(s, h)
-      return orig(replace(pos, n, callback(rec, cb, true, s.fn), ...))
+      return checked(name, method, rec, pcall(orig, replace(pos, n, callback(rec, cb, true, s.fn), ...)))
     end
   end
   return function(...)
@@ -692,14 +720,14 @@ local function make_wrapper(orig, s)
       p = alt
       if n >= p then cb = select(p, ...) end
     end
-    if type(cb) ~= "function" and not callable(cb) then return orig(...) end
+    if type(cb) ~= "function" and not callable(cb) then return checked(name, method, nil, pcall(orig, ...)) end
     local h = ...
     if type(h) ~= "userdata" then h = nil end
     local rec
     if fields then rec = new_reg(s, h, named(fields, ...)) else rec = new_reg(s, h) end
     if kind == K_CREATE then
       local w = callback(rec, cb, false, s.fn)
-      local r = pack(orig(replace(p, n, w, ...)))
+      local r = pack(checked(name, method, rec, pcall(orig, replace(p, n, w, ...))))
       local nh = r[1]
       if type(nh) == "userdata" then
         rec.h = nh
@@ -716,8 +744,8 @@ local function make_wrapper(orig, s)
       rec.once = kind ~= K_WORK
     end
     if s.fn then w = callback(rec, cb, rec.once, true) end
-    if n == p then return CALL_WITH[p](orig, w, ...) end
-    return orig(replace(p, n, w, ...))
+    if n == p then return checked(name, method, rec, CALL_WITH[p](orig, w, ...)) end
+    return checked(name, method, rec, pcall(orig, replace(p, n, w, ...)))
   end
 end
 
@@ -738,11 +766,18 @@ local function attach(uv)
   state = state or { uvs = {}, patches = {} }
   local wrappers = persist.luv_wrappers or {} -- original -> wrapper
   persist.luv_wrappers = wrappers
-  local function patch(tbl, k, orig, s)
-    local w = wrappers[orig]
+  -- (one wrapper per function and name it is called by)
+  local function patch(tbl, k, orig, s, method)
+    local key = (method and ":" or ".") .. k
+    local by_name = wrappers[orig]
+    if not by_name then
+      by_name = {}
+      wrappers[orig] = by_name
+    end
+    local w = by_name[key]
     if not w then
-      w = make_wrapper(orig, s)
-      wrappers[orig] = w
+      w = make_wrapper(orig, s, k, method)
+      by_name[key] = w
     end
     state.patches[#state.patches + 1] = { tbl, k, orig }
     tbl[k] = w
@@ -786,7 +821,7 @@ local function attach(uv)
           local s = type(name) == "string" and type(f) == "function" and spec_of_method(k, name)
           if s then found[#found + 1] = { name, f, s } end
         end
-        for _, x in ipairs(found) do patch(index, x[1], x[2], x[3]) end
+        for _, x in ipairs(found) do patch(index, x[1], x[2], x[3], true) end
       end
     end
   end
