@@ -57,9 +57,8 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     assert.equal(1, ah.executionAsyncId())
   end)
 
-  it("ids of a registration made inside runInAsyncScope, observed by a frame only", function()
-    local why = P.core_differs("its callback runs with ids 0 and 0 when no hook is enabled")
-    if why then return pending(why) end
+  it("ids of a registration made inside runInAsyncScope", function()
+    ah.executionAsyncResource() -- (from now on, every registration is tracked)
     local registering, id, trig, res
     local t = uv.new_timer()
     -- (a value set: a registration nothing observes may skip its resource)
@@ -79,6 +78,29 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     assert.equal("timer_start", res.op)
     assert.equal(t, res.handle)
     assert.equal(1, ah.executionAsyncId())
+  end)
+
+  it("a registration nothing observes: ids 0, no events for a hook enabled later", function()
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "clean" }
+      local t = uv.new_timer()
+      local id, trig, seen
+      local n = 0
+      t:start(1, 1, function() -- no hook, no value, no resource asked for
+        n = n + 1
+        seen = (seen or "") .. v:get()
+        v:set("dirty")
+        id, trig = ah.executionAsyncId(), ah.triggerAsyncId()
+        if n == 2 then t:close() end
+      end)
+      local events = 0
+      ah.createHook { before = function() events = events + 1 end, after = function() events = events + 1 end }:enable()
+      uv.run()
+      print(id, trig, events, seen, v:get())
+    ]], { { "its executionAsyncId: 0", "its triggerAsyncId: 0", "events: 0", "each call clean: cleanclean",
+      "the loop's value: clean" } })
   end)
 
   it("a set inside one call of a repeating callback is gone at the next", function()
@@ -225,6 +247,16 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       H.raised_here(function() uv.timer_start(t, "a", 0, function() end) end))
     t:close()
     uv.run()
+  end)
+
+  it("a call luv refuses makes no registration: no init, no destroy", function()
+    local log = typed_recorder(track)
+    local t = uv.new_timer()
+    assert.is_false(pcall(uv.fs_stat, {}, function() end))
+    assert.is_false(pcall(t.start, t, "a", 0, function() end))
+    t:close()
+    uv.run()
+    assert.same({}, log)
   end)
 
   it("an error in a callback keeps its message: luv reports it and exits", function()

@@ -103,13 +103,30 @@ function B.triggerAsyncId() return cur.trig end
 -- builds a luv record's resource (below)
 local luv_resource
 
+-- the coroutine whose own before/after is being emitted (by its resumer,
+-- on the resumer's thread) and its record, for its resource
+local hook_co, hook_rec = nil, nil
+
+-- whether executionAsyncResource() was ever called: until then a luv
+-- registration that nothing observes is not tracked (make_wrapper)
+local res_asked = false
+
 function B.executionAsyncResource()
+  res_asked = true
   local rec = cur
+  local own = rec.own
+  if own ~= nil and rec.id == own then
+    -- a coroutine's own resource (`ores`; `res` is an open scope's)
+    local res = rec.ores
+    if res == nil then
+      res = setmetatable({ thread = hook_rec == rec and hook_co or raw_running() }, WEAKV)
+      rec.ores = res
+    end
+    return res
+  end
   local res = rec.res
   if res == nil then
-    if rec.own then
-      res = setmetatable({ thread = raw_running() }, WEAKV)
-    elseif rec.s then
+    if rec.s then
       res = luv_resource(rec)
     else
       res = {}
@@ -277,12 +294,12 @@ end
 local function adopt(co)
   local parent = cur
   local id = fresh_id()
-  local rec = { f = parent.f, id = id, trig = parent.id, own = id }
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
   if n_destroy > 0 then rec.tok = gc_token(id) end
   recs[co] = rec
   if n_init > 0 then
     local res = setmetatable({ thread = co }, WEAKV)
-    rec.res = res
+    rec.ores = res
     emit_init(id, "coroutine", parent.id, res)
   end
   return rec
@@ -319,13 +336,13 @@ local function make_coroutine(f, name)
   local parent = cur
   local id = next_id
   next_id = id + 1
-  local rec = { f = parent.f, id = id, trig = parent.id, own = id }
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
   recs[co] = rec
   if n_init + n_destroy > 0 then
     if n_destroy > 0 then rec.tok = gc_token(id) end
     if n_init > 0 then
       local res = setmetatable({ thread = co }, WEAKV)
-      rec.res = res
+      rec.ores = res
       emit_init(id, "coroutine", parent.id, res)
     end
   end
@@ -337,6 +354,20 @@ end
 local function co_create(f)
   local co = make_coroutine(f, "create")
   return co
+end
+
+-- emit(rec.own), the coroutine's own before or after, in its own context
+-- (its ids and resource, also while a scope is open in it: the scope's
+-- events are emitted apart)
+local function emit_own(emit, rec, co)
+  local id, trig = rec.id, rec.trig
+  rec.id, rec.trig = rec.own, rec.otrig
+  local pco, prec = hook_co, hook_rec
+  hook_co, hook_rec = co, rec
+  local failed, e = emit(rec.own)
+  hook_co, hook_rec = pco, prec
+  rec.id, rec.trig = id, trig
+  return failed, e
 end
 
 -- the end of a resume slice: the open scopes' after (innermost first, each
@@ -358,7 +389,7 @@ local function resume_end(co, rec, prev)
     end
   end
   if n_after > 0 then
-    local f, e = emit_after(rec.own)
+    local f, e = emit_own(emit_after, rec, co)
     if f and not failed then failed, first = f, e end
   end
   cur = prev
@@ -384,9 +415,9 @@ end
 
 -- the start of a slice: the coroutine's before, then the scopes' that are
 -- out, outermost first (a destroyed resource's stay out)
-local function resume_start(rec)
+local function resume_start(rec, co)
   local failed, first = false, nil
-  if n_before > 0 then failed, first = emit_before(rec.own) end
+  if n_before > 0 then failed, first = emit_own(emit_before, rec, co) end
   local sc = rec.sc
   if sc ~= nil and n_before + n_after > 0 then
     for i = 1, #sc do
@@ -459,9 +490,9 @@ local function co_resume(co, ...)
   end
   if raw_status(co) ~= "suspended" then return raw_resume(co, ...) end
   cur = rec
-  local failed, e = resume_start(rec)
+  local failed, e = resume_start(rec, co)
   if failed then -- the coroutine does not run: the after half, then e
-    if n_after > 0 then emit_after(rec.own) end
+    if n_after > 0 then emit_own(emit_after, rec, co) end
     cur = prev
     raise(e)
   end
@@ -559,11 +590,6 @@ local function new_reg(s, h, x1, x2)
   if x1 ~= nil then rec.x1 = x1 end
   if x2 ~= nil then rec.x2 = x2 end
   if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
-  if n_init > 0 then
-    local res = luv_resource(rec)
-    rec.res = res
-    emit_init(id, type_of(rec), rec.trig, res)
-  end
   return rec
 end
 
@@ -599,9 +625,31 @@ local function release(h)
   for _, rec in pairs(regs) do end_reg(rec) end
 end
 
+-- luv took the registration (the call did not raise): it is in its slot,
+-- and its init
+local function registered(rec)
+  local s = rec.s
+  if s[4] == K_HANDLE then hold(rec.h, s.slot, rec) end
+  if n_init > 0 then
+    local res = luv_resource(rec)
+    rec.res = res
+    emit_init(rec.id, type_of(rec), rec.trig, res)
+  end
+end
+
+-- luv refused the call: the registration never existed (no init was
+-- emitted; its token goes without a destroy)
+local function unregistered(rec)
+  local tok = rec.tok
+  if tok ~= nil then
+    rec.tok = nil
+    tok_id[tok] = nil
+  end
+end
+
 local function invoke_end(rec, prev, once, ok, ...)
   local failed, first = false, nil
-  if n_after > 0 then failed, first = emit_after(rec.id) end
+  if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
   if once then end_reg(rec) end
   local f, e = flush_pending()
@@ -620,7 +668,7 @@ local function call_reg(rec, ...)
   local prev = cur
   rec.f = rec.f0
   cur = rec
-  if n_before > 0 then
+  if n_before > 0 and rec.id ~= 0 then -- (0: untracked, see make_wrapper)
     local failed, e = emit_before(rec.id)
     if failed then -- the callback does not run
       invoke_end(rec, prev, rec.once, true)
@@ -672,8 +720,11 @@ end
 -- the results of pcall(orig, ...), or its error raised as the user's (a
 -- registration made for the call ends: luv did not take it)
 local function checked(name, method, rec, ok, ...)
-  if ok then return ... end
-  if rec then end_reg(rec) end
+  if ok then
+    if rec then registered(rec) end
+    return ...
+  end
+  if rec then unregistered(rec) end
   luv_error(name, method, (...))
 end
 
@@ -723,26 +774,42 @@ local function make_wrapper(orig, s, name, method)
     if type(cb) ~= "function" and not callable(cb) then return checked(name, method, nil, pcall(orig, ...)) end
     local h = ...
     if type(h) ~= "userdata" then h = nil end
+    if not res_asked and kind ~= K_CREATE and not s.fn and cur.f == EMPTY
+      and n_init + n_before + n_after + n_destroy == 0 then
+      -- Nothing can observe this registration (no hook, no value, no
+      -- resource ever asked for): no asyncId, no events, ever (its
+      -- callback runs with ids 0, as on the C core), in a record of its own
+      -- all the same, so that a set inside ends with the callback.
+      local u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
+        cb = cb, once = false }, REGMT)
+      if fields then u.x1, u.x2 = named(fields, ...) end
+      if kind == K_HANDLE then
+        local regs = h ~= nil and hregs[h]
+        if regs and regs[slot] then hold(h, slot, nil) end -- it replaces a tracked one
+      end
+      if n == p then return checked(name, method, nil, CALL_WITH[p](orig, u, ...)) end
+      return checked(name, method, nil, pcall(orig, replace(p, n, u, ...)))
+    end
     local rec
     if fields then rec = new_reg(s, h, named(fields, ...)) else rec = new_reg(s, h) end
     if kind == K_CREATE then
       local w = callback(rec, cb, false, s.fn)
-      local r = pack(checked(name, method, rec, pcall(orig, replace(p, n, w, ...))))
-      local nh = r[1]
+      local r = pack(pcall(orig, replace(p, n, w, ...)))
+      if not r[1] then
+        unregistered(rec)
+        luv_error(name, method, r[2])
+      end
+      local nh = r[2]
       if type(nh) == "userdata" then
         rec.h = nh
-        if rec.res then rec.res.handle = nh end
         hold(nh, slot, rec)
       end
-      return unpack(r, 1, r.n)
+      registered(rec)
+      return unpack(r, 2, r.n)
     end
     local w = rec
     rec.cb = cb
-    if kind == K_HANDLE then
-      hold(h, slot, rec)
-    else
-      rec.once = kind ~= K_WORK
-    end
+    if kind ~= K_HANDLE then rec.once = kind ~= K_WORK end
     if s.fn then w = callback(rec, cb, rec.once, true) end
     if n == p then return checked(name, method, rec, CALL_WITH[p](orig, w, ...)) end
     return checked(name, method, rec, pcall(orig, replace(p, n, w, ...)))
