@@ -397,6 +397,26 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       }, log)
     end)
 
+    it("a coroutine's before/after run in its own ids and resource, also with a scope open in it", function()
+      if P.NO_YIELD then return pending(P.NO_YIELD) end
+      local r = AsyncResource.new("Job")
+      local co
+      local seen = {}
+      track(ah.createHook {
+        before = function(id)
+          seen[#seen + 1] = ("before %s: %s %s"):format(id == r:asyncId() and "job" or "co",
+            tostring(ah.executionAsyncId() == id), tostring(ah.executionAsyncResource().thread == co))
+        end,
+      }):enable()
+      co = coroutine.create(function()
+        r:runInAsyncScope(function() coroutine.yield() end)
+      end)
+      coroutine.resume(co)
+      coroutine.resume(co)
+      assert.same({ "before co: true true", "before job: true false", "before co: true true",
+        "before job: true false" }, seen)
+    end)
+
     it("AsyncResource.bind and the error of a bound function", function()
       local log = recorder()
       local f = AsyncResource.bind(function(x) return x * 2, ah.executionAsyncId() end, "Bound")
