@@ -20,7 +20,7 @@ P.yield_across_pcall = (function()
 end)()
 
 --- Why a test of a scope open across a yield cannot run here, or nil:
--- `if P.NO_YIELD then return pending(P.NO_YIELD) end`.
+-- `if P.NO_YIELD then pending(P.NO_YIELD); return end`.
 P.NO_YIELD = not P.yield_across_pcall
   and "PUC Lua 5.1's pcall cannot yield: a scope cannot stay open across a yield" or nil
 
