@@ -43,6 +43,8 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.equal("bad argument #1 to 'install' (luv module in opts.luv expected, got number)",
         H.raised_here(function() ah.install { luv = 5 } end))
       assert.equal(ah, ah.install { debug = false }) -- accepted everywhere
+      assert.equal("bad argument #1 to 'install' (luv module in opts.luv expected, got a table without 'new_check')",
+        H.raised_here(function() ah.install { luv = {} } end))
     end)
   end)
 
@@ -428,6 +430,18 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.is_false(ok)
       assert.equal("inside", e)
       assert.equal(1, ah.executionAsyncId())
+    end)
+
+    it("an error of a hook's own code is fatal: its message on stderr, exit status 1", function()
+      local status, out, err = H.run_lua([[
+        local ah = require("async_hooks").install()
+        ah.createHook { init = function() error("broken hook") end }:enable()
+        coroutine.create(function() end)
+        print("not reached")
+      ]])
+      assert.equal(1, status)
+      assert.equal("", out)
+      assert.matches("^async_hooks: error in init hook %(fatal%): [^\n]*broken hook", err)
     end)
 
     it("createHook checks its callbacks; enable and disable are idempotent", function()

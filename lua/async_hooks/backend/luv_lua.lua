@@ -918,8 +918,9 @@ B.install_options = { luv = true, debug = true }
 -- code that resumed it), and no luv callback reaches luv unwrapped.
 function B.set_debug() end
 
--- what a luv module has (checked before anything is patched)
-local LUV_FUNCS = { "new_timer", "timer_start", "run", "loop_alive" }
+-- what a luv module has (checked before anything is patched; the C core's
+-- list, for the same messages)
+local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
 
 -- nil when uv looks like luv, else why not (the api's REFUSED key and its
 -- arguments)
