@@ -11,9 +11,12 @@
 -- each sets `cur` on entry and puts the previous record back on exit, so a
 -- `get` is one table read, with no `coroutine.running()` (which LuaJIT does
 -- not compile).  A record: `f` its frame, `id` and `trig` its ids, `res`
--- its resource (made when first asked for), `own` a coroutine's own id
--- (`id` is a scope's while a `runInAsyncScope` runs in it), `sc` the scopes
--- open in a coroutine.
+-- its resource (made when first asked for; an open scope's in a
+-- coroutine); a coroutine's also `own`, `otrig` and `ores`, its own ids
+-- and resource (`id` is a scope's while a `runInAsyncScope` runs in it),
+-- and `sc`, the scopes open in it; a luv registration's also `s` (its
+-- entry of async_hooks.luv_specs), `h` (the handle), `cb`, `f0` (the frame
+-- each call starts in).
 --
 -- A frame is an immutable table {token -> value} with weak keys, so that
 -- `disable()` makes values collectable; `NILV` stands for an explicit nil.
@@ -248,6 +251,7 @@ local function leave_scope(rec, id, scope, sid, strig, sres, sframe, ok, ...)
     for i = #sc, 1, -1 do
       if sc[i] == scope then table.remove(sc, i); break end
     end
+    if sc[1] == nil then rec.sc = nil end -- (none open: resumes take the quick path again)
   end
   rec.id, rec.trig, rec.res, rec.f = sid, strig, sres, sframe
   if rec == TOP then
@@ -293,14 +297,17 @@ end
 -- the record of a new library coroutine, made from the current context
 local function adopt(co)
   local parent = cur
-  local id = fresh_id()
+  local id = next_id
+  next_id = id + 1
   local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
-  if n_destroy > 0 then rec.tok = gc_token(id) end
   recs[co] = rec
-  if n_init > 0 then
-    local res = setmetatable({ thread = co }, WEAKV)
-    rec.ores = res
-    emit_init(id, "coroutine", parent.id, res)
+  if n_init + n_destroy > 0 then
+    if n_destroy > 0 then rec.tok = gc_token(id) end
+    if n_init > 0 then
+      local res = setmetatable({ thread = co }, WEAKV)
+      rec.ores = res
+      emit_init(id, "coroutine", parent.id, res)
+    end
   end
   return rec
 end
@@ -333,19 +340,7 @@ end
 
 local function make_coroutine(f, name)
   local co = new_thread(f, name)
-  local parent = cur
-  local id = next_id
-  next_id = id + 1
-  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
-  recs[co] = rec
-  if n_init + n_destroy > 0 then
-    if n_destroy > 0 then rec.tok = gc_token(id) end
-    if n_init > 0 then
-      local res = setmetatable({ thread = co }, WEAKV)
-      rec.ores = res
-      emit_init(id, "coroutine", parent.id, res)
-    end
-  end
+  adopt(co)
   return co
 end
 
