@@ -293,6 +293,38 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     end
   end)
 
+  it("Neovim: vim.loop's callbacks and coroutines carry the context (nvim --headless)", function()
+    if not P.has_command("nvim") then
+      pending("nvim is not installed (Debian: neovim)")
+      return
+    end
+    local pwd = io.popen("pwd")
+    local root = pwd:read("*l")
+    pwd:close()
+    local script = H.tmpfile(([[
+      package.path = %q .. package.path
+      local ah = require("async_hooks").install()
+      local uv = vim.uv or vim.loop
+      local v = ah.AsyncLocal.new { default = "-" }
+      local out = { ah.backend }
+      v:run("req", function()
+        local t = uv.new_timer()
+        t:start(1, 0, function() out[#out + 1] = "timer " .. v:get(); t:close() end)
+        uv.fs_stat("/", function() out[#out + 1] = "fs " .. v:get() end)
+        coroutine.wrap(function() out[#out + 1] = "co " .. v:get() end)()
+      end)
+      vim.wait(2000, function() return #out >= 4 end)
+      table.sort(out)
+      io.stdout:write(table.concat(out, " "), "\n")
+      vim.cmd("qa!")
+    ]]):format(root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;"))
+    local p = io.popen("nvim --headless -u NONE -c 'luafile " .. script .. "' 2>&1 </dev/null")
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    assert.equal("co req fs req luv_lua timer req\n", out)
+  end)
+
   it("luv required after install() is patched as it loads", function()
     H.lua_ok([[
       local ah = require("async_hooks").install()

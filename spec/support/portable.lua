@@ -24,6 +24,13 @@ end)()
 P.NO_YIELD = not P.yield_across_pcall
   and "PUC Lua 5.1's pcall cannot yield: a scope cannot stay open across a yield" or nil
 
+--- Whether the shell finds the command `name`.
+function P.has_command(name)
+  local ok, _, code = os.execute("command -v " .. name .. " >/dev/null 2>&1")
+  if type(ok) == "number" then return ok == 0 end -- Lua 5.1 and LuaJIT
+  return ok == true and (code == nil or code == 0)
+end
+
 --- Why a test of the pure-Lua backend's own behaviour does not run on the
 -- C core (`what` it does instead), or nil.
 function P.core_differs(what)
