@@ -6,7 +6,9 @@ U.SCALE = tonumber(os.getenv("BENCH_SCALE")) or 1
 
 --- The running interpreter (the lowest negative index of `arg`), for the
 -- processes the benchmarks start.
-U.LUA = (function()
+-- (BENCH_CASE_LUA: another interpreter for them, e.g. lua5.1 for the
+-- pure-Lua backend's rows: `make bench-purelua-instr`)
+U.LUA = os.getenv("BENCH_CASE_LUA") or (function()
   local i = 0
   while arg and arg[i - 1] do i = i - 1 end
   return arg and i < 0 and arg[i] or "lua5.4"

@@ -157,7 +157,9 @@ end, true)
 -- what it does, then raises it
 local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending, destroy_now, queue_destroy, raise = H.flush_pending, H.destroy_now, H.queue_destroy, H.raise
-local emit_init, gc_token, tok_id, has_pending = H.emit_init, H.gc_token, H.tok_id, H.has_pending
+local emit_init, gc_token, tok_id = H.emit_init, H.gc_token, H.tok_id
+-- mark.queued: destroys may be queued (checked before flush_pending)
+local mark = H.mark
 B.emit_init = emit_init
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
 B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
@@ -192,7 +194,7 @@ end
 ---------------------------------------------------------------------------
 
 -- get/set raise the api's message(self) on a bad self, at their caller
-function B.getter(_, _, message)
+local getter = function(message)
   return function(self)
     local tok = type(self) == "table" and rawget(self, 1)
     if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
@@ -202,6 +204,30 @@ function B.getter(_, _, message)
     return v
   end
 end
+
+-- On PUC Lua, where type, rawget and getmetatable are C calls, get checks
+-- self once: `known` maps a checked object to its token (weak keys and
+-- values: disable() drops the old token, which must not stay alive here),
+-- and a known object whose token is still in place needs no other check.
+if not rawget(_G, "jit") then
+  local known = setmetatable({}, { __mode = "kv" })
+  getter = function(message)
+    return function(self)
+      local tok = known[self]
+      if tok == nil or tok ~= self[1] then
+        tok = type(self) == "table" and rawget(self, 1)
+        if getmetatable(tok) ~= TOKMT then raise_at_caller(message(self)) end
+        known[self] = tok
+      end
+      local v = cur.f[tok]
+      if v == nil then return self.default end
+      if v == NILV then return nil end
+      return v
+    end
+  end
+end
+
+function B.getter(_, _, message) return getter(message) end
 
 function B.setter(_, _, message)
   return function(self, value)
@@ -216,7 +242,7 @@ local function restore(rec, saved, ok, ...)
   rec.f = saved
   if rec == TOP then
     top_nsc = top_nsc - 1
-    if top_nsc == 0 then
+    if top_nsc == 0 and mark.queued then
       local f, e = flush_pending()
       if f and ok then raise(e) end
     end
@@ -458,7 +484,7 @@ local function quick_end(co, rec, prev, ...)
     elseif raw_status(co) == "dead" then
       recs[co] = nil
     end
-    if has_pending() then
+    if mark.queued then
       local failed, e = flush_pending()
       if failed then raise(e) end
     end
@@ -647,8 +673,10 @@ local function invoke_end(rec, prev, once, ok, ...)
   if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
   if once then end_reg(rec) end
-  local f, e = flush_pending()
-  if f and not failed then failed, first = f, e end
+  if mark.queued then
+    local f, e = flush_pending()
+    if f and not failed then failed, first = f, e end
+  end
   if not ok then error((...), 0) end
   if failed then raise(first) end
   return ...

@@ -124,6 +124,10 @@ function M.new(persist, on_counts, deferred)
   --   nil, including what a finalizer appended just before the swap.
   local dqueue, dq_n = {}, 0
   local gqueue = {}
+  -- mark.queued: whether either queue may hold a destroy (set by whatever
+  -- queues one, cleared when a flush found both empty), for a backend to
+  -- test with a field read instead of a call to has_pending
+  local mark = { queued = false }
 
   local function rebuild()
     local nl = {}
@@ -207,6 +211,7 @@ function M.new(persist, on_counts, deferred)
           id = q[i]
         end
       else
+        mark.queued = false -- (no allocation since the test: no finalizer ran)
         return failed, first
       end
     end
@@ -221,6 +226,7 @@ function M.new(persist, on_counts, deferred)
     if n_destroy > 0 then
       dq_n = dq_n + 1
       dqueue[dq_n] = id
+      mark.queued = true
     end
   end
 
@@ -298,6 +304,7 @@ function M.new(persist, on_counts, deferred)
     if id and n_destroy > 0 then
       local q = gqueue
       q[#q + 1] = id
+      mark.queued = true
     end
   end
   local gc_token
@@ -338,6 +345,7 @@ function M.new(persist, on_counts, deferred)
     emit_init = emit_init, emit_before = emit_before, emit_after = emit_after,
     emit_destroy = emit_destroy, destroy_now = destroy_now, raise = raise,
     flush = flush, flush_pending = flush_pending, queue_destroy = queue_destroy, has_pending = has_pending,
+    mark = mark,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
     gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
   }
