@@ -76,13 +76,23 @@ test-purelua:
 # The wall-clock rows of docs/performance.md#other-lua-versions: each
 # interpreter of PURELUA_LUAS (the pure-Lua backend), then Lua 5.4 (the C
 # core); BENCH_ARGS: the number of rounds
-.PHONY: bench-purelua
+.PHONY: bench-purelua bench-purelua-instr
 bench-purelua: build
 	@for l in $(PURELUA_LUAS); do \
 	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua: $$l skipped: not installed"; continue; fi; \
 	  $(PURELUA_ENV) $$l bench/runtimes.lua $(BENCH_ARGS); \
 	done
 	$(call PATHS,$(TREE)) && $(LUA) bench/runtimes.lua $(BENCH_ARGS)
+
+# The operation rows of `make bench-instr` (callgrind) with their cases run
+# by each interpreter of PURELUA_LUAS (bench/cg_case.lua, the pure-Lua
+# backend); the driver and its targets are the C core's
+bench-purelua-instr:
+	@for l in $(PURELUA_LUAS); do \
+	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua-instr: $$l skipped: not installed"; continue; fi; \
+	  echo "== $$l"; \
+	  $(PURELUA_ENV) BENCH_CASE_LUA=$$l BENCH_INFO=0 BENCH_ONLY='^[tsgml]' $(LUA) bench/run.lua instr; \
+	done
 
 asanbuild: deps
 	rm -rf build.luarocks
