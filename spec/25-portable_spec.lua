@@ -444,6 +444,30 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.matches("^async_hooks: error in init hook %(fatal%): [^\n]*broken hook", err)
     end)
 
+    it("init gets the resource only where a hook can read it (four parameters or `...`)", function()
+      if _VERSION == "Lua 5.1" and not rawget(_G, "jit") then
+        pending("Lua 5.1's debug.getinfo does not count parameters: every init gets the resource")
+        return
+      end
+      local got = {}
+      local three = track(ah.createHook { init = function(_, t, _) got[#got + 1] = t end })
+      three:enable()
+      local res3
+      local h3 = track(ah.createHook { init = function(...) res3 = select(4, ...) end })
+      local co = coroutine.create(function() end)
+      assert.same({ "coroutine" }, got)
+      h3:enable()
+      local co2 = coroutine.create(function() end)
+      assert.equal(co2, res3.thread)
+      h3:disable()
+      -- a hook that cannot see it: the resource is made when first asked for
+      local inside
+      coroutine.resume(co2)
+      coroutine.resume(coroutine.create(function() inside = ah.executionAsyncResource() end))
+      assert.is_table(inside)
+      assert.is_true(coroutine.status(co) == "suspended")
+    end)
+
     it("createHook checks its callbacks; enable and disable are idempotent", function()
       assert.equal("bad argument #1 to 'createHook' (hook.init must be a function, got number)",
         H.raised_here(function() ah.createHook { init = 1 } end))

@@ -148,9 +148,11 @@ end
 -- hooks (ngx_hooks.lua); the counts in upvalues of this file too
 ---------------------------------------------------------------------------
 
-local n_init, n_before, n_after, n_destroy = 0, 0, 0, 0
-local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d)
-  n_init, n_before, n_after, n_destroy = i, b, a, d
+-- (init_sees: an enabled init hook can read its fourth argument, the
+-- resource: made for init only then, as the C core does)
+local n_init, n_before, n_after, n_destroy, init_sees = 0, 0, 0, 0, false
+local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d, sees)
+  n_init, n_before, n_after, n_destroy, init_sees = i, b, a, d, sees
 end, true)
 -- emit_before, emit_after, flush_pending and destroy_now return an error of
 -- the dispatch that is not the hook's own (failed, e): the caller finishes
@@ -330,8 +332,11 @@ local function adopt(co)
   if n_init + n_destroy > 0 then
     if n_destroy > 0 then rec.tok = gc_token(id) end
     if n_init > 0 then
-      local res = setmetatable({ thread = co }, WEAKV)
-      rec.ores = res
+      local res = nil
+      if init_sees then
+        res = setmetatable({ thread = co }, WEAKV)
+        rec.ores = res
+      end
       emit_init(id, "coroutine", parent.id, res)
     end
   end
@@ -652,8 +657,11 @@ local function registered(rec)
   local s = rec.s
   if s[4] == K_HANDLE then hold(rec.h, s.slot, rec) end
   if n_init > 0 then
-    local res = luv_resource(rec)
-    rec.res = res
+    local res = nil
+    if init_sees then
+      res = luv_resource(rec)
+      rec.res = res
+    end
     emit_init(rec.id, type_of(rec), rec.trig, res)
   end
 end

@@ -68,6 +68,17 @@ function M.in_debug_hook(level, stop)
   end
 end
 
+--- Whether the hook function f can read a fourth argument (the resource of
+-- init): four parameters or more, `...`, a C function, or anything the
+-- runtime cannot tell (a callable table; Lua 5.1's debug.getinfo has no
+-- parameter count).
+function M.sees_fourth(f)
+  if type(f) ~= "function" then return true end
+  local info = debug.getinfo(f, "Su")
+  if info.what == "C" or info.nparams == nil then return true end
+  return info.isvararg or info.nparams >= 4
+end
+
 local function fatal(kind, msg)
   local text = ("async_hooks: error in %s hook (fatal): %s\n"):format(kind, msg)
   io.stderr:write(text)
@@ -142,7 +153,11 @@ function M.new(persist, on_counts, deferred)
     lists = nl
     n_init, n_before, n_after, n_destroy = #nl.init, #nl.before, #nl.after, #nl.destroy
     dirty = false
-    on_counts(n_init, n_before, n_after, n_destroy)
+    local sees = false
+    for i = 1, n_init do
+      if M.sees_fourth(nl.init[i]) then sees = true; break end
+    end
+    on_counts(n_init, n_before, n_after, n_destroy, sees)
   end
   rebuild()
 
