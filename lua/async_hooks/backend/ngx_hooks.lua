@@ -134,6 +134,7 @@ function M.new(persist, on_counts, deferred)
   --   then swaps (one assignment), then reads the old table up to its first
   --   nil, including what a finalizer appended just before the swap.
   local dqueue, dq_n = {}, 0
+  local dspare = {} -- an empty queue table for the next flush (flush_all)
   local gqueue = {}
   -- mark.queued: whether either queue may hold a destroy (set by whatever
   -- queues one, cleared when a flush found both empty), for a backend to
@@ -204,14 +205,21 @@ function M.new(persist, on_counts, deferred)
     if dispatching > 0 then return failed, first end
     while true do
       if dq_n > 0 then
+        -- (the queue taken is emptied as it is delivered and kept for the
+        -- next flush: no table per flush; a flush nested in a dispatch here
+        -- takes the other one, or a new one)
         local q, n = dqueue, dq_n
-        dqueue, dq_n = {}, 0
+        dqueue, dq_n = dspare or {}, 0
+        dspare = nil
         for i = 1, n do
+          local id = q[i]
+          q[i] = nil
           if n_destroy > 0 then
-            local f, e = dispatch("destroy", lists.destroy, q[i])
+            local f, e = dispatch("destroy", lists.destroy, id)
             if f and not failed then failed, first = f, e end
           end
         end
+        dspare = q
       elseif gqueue[1] ~= nil then
         local fresh = {}
         local q = gqueue
