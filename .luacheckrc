@@ -28,6 +28,7 @@ files["spec/support/ah_ngx_app.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_ngx_same.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_ngx_internals.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_bad_input.lua"] = { std = "ngx_lua" }
+files["spec/support/ah_otel_app.lua"] = { std = "ngx_lua" }
 files["bench/openresty_app.lua"] = { std = "ngx_lua" }
 -- the OpenResty example's app runs inside nginx (LuaJIT + ngx_lua globals)
 files["examples/openresty"] = { std = "ngx_lua" }
