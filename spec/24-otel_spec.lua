@@ -73,8 +73,15 @@ local function coroutine_scenario(storage, n)
   return bad
 end
 
+-- the init hook the storage enables, off again after each test
+local function hook_off()
+  local h = otel._hook()
+  if h then h:disable() end
+end
+
 describe("async_hooks.otel storage", function()
   H.installed_each()
+  after_each(hook_off)
 
   it("a shared table (ngx.ctx's behaviour) mixes the stacks of interleaved coroutines", function()
     assert.is_true(#coroutine_scenario({}, 5) > 0)
@@ -209,11 +216,12 @@ describe("async_hooks.otel storage", function()
     assert.same({ 1, 2, k = "v" }, s1.t)
   end)
 
-  it("scopes: what is attached inside Snapshot.empty():run, runInAsyncScope or AsyncLocal:run ends with them", function()
+  it("Snapshot.empty():run and runInAsyncScope have stacks of their own; run scopes share the context's", function()
     local s = otel.storage()
     local C = model(s)
     local tok = C.attach("outer")
     local res = ah.AsyncResource.new("work")
+    C.attach("after new") -- not seen by the resource's scope
     ah.Snapshot.empty():run(function()
       assert.equal("fresh", C.current())
       C.attach("empty")
@@ -222,11 +230,48 @@ describe("async_hooks.otel storage", function()
       assert.equal("outer", C.current())
       C.attach("scope")
     end)
-    ah.AsyncLocal.new():run(1, function()
-      C.attach("run")
-    end)
-    assert.equal("outer", C.current())
+    assert.equal("after new", C.current())
+    -- a scope of the same context shares its stack, as ngx.ctx would
+    local v = ah.AsyncLocal.new()
+    local inner = v:run(1, function() return C.attach("run") end)
+    assert.equal("run", C.current())
+    assert.is_true(C.detach(inner))
+    assert.is_true(C.detach(tok + 1))
     assert.is_true(C.detach(tok))
+    -- except a context's first value stored inside a scope: it ends with it
+    coroutine.wrap(function()
+      v:run(1, function() C.attach("first") end)
+      assert.equal("fresh", C.current())
+    end)()
+  end)
+
+  it("every run of a repeating luv timer starts from the stack of its registration", function()
+    local C = model(otel.storage())
+    local tok = C.attach("req")
+    local seen, n = {}, 0
+    local t = uv.new_timer()
+    t:start(1, 1, function()
+      n = n + 1
+      seen[n] = C.current() .. " " .. C.attach("run" .. n)
+      if n == 3 then t:close() end
+    end)
+    assert.is_true(C.detach(tok))
+    uv.run()
+    assert.same({ "req 2", "req 2", "req 2" }, seen)
+  end)
+
+  it("a context created by a context that has not read its inherited stack yet starts from that stack", function()
+    local C = model(otel.storage())
+    local tok = C.attach("a")
+    local got
+    local outer = coroutine.wrap(function()
+      local inner = coroutine.wrap(function() got = C.current() end)
+      inner()
+    end)
+    assert.is_true(C.detach(tok))
+    C.attach("b")
+    outer()
+    assert.equal("a", got)
   end)
 
   it("keeps nothing in the table itself; protects its metatable; nil and NaN keys raise", function()
@@ -244,6 +289,7 @@ end)
 
 describe("async_hooks.otel isolate", function()
   H.installed_each()
+  after_each(hook_off)
 
   -- a processor that arms a luv timer from on_end, as opentelemetry-lua's
   -- batch span processor arms ngx.timer.at

@@ -16,8 +16,9 @@
 --    require("opentelemetry.global").set_context_storage(otel.storage())
 --    local processor = otel.isolate(batch_span_processor.new(exporter))
 --
--- Plain Lua over the public API (`AsyncLocal`, `Snapshot`,
--- `executionAsyncId`): the same on Lua 5.4 and in OpenResty.  Values
+-- Plain Lua over the public API (`AsyncLocal`, `Snapshot`, `createHook`,
+-- `executionAsyncId`, `executionAsyncResource`): the same on Lua 5.4 and
+-- in OpenResty.  Values
 -- propagate into coroutines, light threads and timers only after
 -- `install()` (or through `async_hooks.coroutine`).
 -- @module async_hooks.otel
@@ -25,26 +26,93 @@
 local type, setmetatable, getmetatable, pairs, next, error, tostring, rawget =
   type, setmetatable, getmetatable, pairs, next, error, tostring, rawget
 local ah = require("async_hooks")
-local AsyncLocal, executionAsyncId = ah.AsyncLocal, ah.executionAsyncId
+local AsyncLocal, executionAsyncId, executionAsyncResource = ah.AsyncLocal, ah.executionAsyncId, ah.executionAsyncResource
 
 ---@class async_hooks.otel
 local M = {}
 
 -- A key's value is kept in an AsyncLocal of its own.  A table value (the
--- stack) is kept as a record {owner, table}: `owner` the executionAsyncId
--- of the context that stored it.  Every read of a table returns a fresh
--- copy, stored as the context's own record before it is returned: the
--- caller changes that copy in place (table.insert/remove), and a context
--- created in the meantime holds the previous record, whose table nobody
--- changes any more, so it starts from the stack as it was when it was
--- created.  (opentelemetry-lua reads the stack through the storage before
--- each change: `table.insert(storage[key], ctx)`.)  A table inherited from
--- another context that is empty reads as nil, as a fresh `ngx.ctx` does.
+-- stack) is kept as a record {owner, table, seq}: `owner` the
+-- executionAsyncId of the context that stored it, `seq` whether the table
+-- was a sequence then.  opentelemetry-lua changes the table it reads in
+-- place (`table.insert(storage[key], ctx)`), so a context must never be
+-- handed a table that another context reads:
+-- * the owner reads its own table as it is (the scopes it opens, which
+--   copy its frame, share it);
+-- * an init hook, which runs in the creator's context, keeps a copy of the
+--   creator's table for the new resource (coroutine, light thread, timer,
+--   luv callback, AsyncResource), under the resource table itself (weak
+--   keys, so it goes with the resource);
+-- * any other context -- the resource, when it runs -- reads that copy
+--   (or, for a frame that reached it otherwise, a copy of the owner's
+--   table as it is) and stores a copy of it as its own record; an empty
+--   table inherited so reads as nil, as a fresh `ngx.ctx` does.
+-- The hook is enabled when the first table is stored.
 
-local function copy(t)
+local all = setmetatable({}, { __mode = "k" }) -- AsyncLocal of every key of every storage -> its copies
+local hook
+
+-- a copy of t: element by element (pairs) unless `seq`, then t[1..#t],
+-- without a loop for the short stacks of every day (a loop here would keep
+-- LuaJIT from compiling the callers of the storage)
+local function copy(t, seq)
+  if seq then
+    local n = #t
+    if n == 0 then return {} end
+    if n == 1 then return { t[1] } end
+    if n == 2 then return { t[1], t[2] } end
+    if n == 3 then return { t[1], t[2], t[3] } end
+    if n == 4 then return { t[1], t[2], t[3], t[4] } end
+    local c = {}
+    for i = 1, n do c[i] = t[i] end
+    return c
+  end
   local c = {}
   for k, v in pairs(t) do c[k] = v end
   return c
+end
+
+-- whether t holds exactly the elements 1..#t (without a loop when it has
+-- fewer than 5 keys)
+local function is_seq(t)
+  local n = #t
+  if n < 5 then
+    local k = next(t)
+    if k == nil then return n == 0 end
+    k = next(t, k)
+    if k == nil then return n == 1 end
+    k = next(t, k)
+    if k == nil then return n == 2 end
+    k = next(t, k)
+    if k == nil then return n == 3 end
+    k = next(t, k)
+    if k == nil then return n == 4 end
+    return false
+  end
+  local c = 0
+  for _ in pairs(t) do c = c + 1 end
+  return c == n
+end
+
+-- the table of the record `rec` as the running context sees it: its own,
+-- or the copy made for it when it was created, or the owner's as it is
+local function view(rec, copies)
+  if rec[1] == executionAsyncId() then return rec[2], true end
+  local c = copies[executionAsyncResource()]
+  if c ~= nil and c[1] == rec then return c[2], false end
+  return rec[2], false
+end
+
+-- the init hook: keep for the new resource a copy of every table its
+-- creator sees now
+local function capture(_, _, _, resource)
+  for al, copies in pairs(all) do
+    local rec = al:get()
+    if type(rec) == "table" then
+      local t = view(rec, copies)
+      copies[resource] = { rec, copy(t, rec[3]) }
+    end
+  end
 end
 
 local function read(locals, key)
@@ -52,11 +120,12 @@ local function read(locals, key)
   if al == nil then return nil end
   local rec = al:get()
   if type(rec) ~= "table" then return rec end
-  local t = rec[2]
-  local id = executionAsyncId()
-  if rec[1] ~= id and next(t) == nil then return nil end
-  local c = copy(t)
-  al:set({ id, c })
+  local t, own = view(rec, all[al])
+  if own then return t end
+  local seq = rec[3]
+  if seq and #t == 0 or not seq and next(t) == nil then return nil end
+  local c = copy(t, seq)
+  al:set({ executionAsyncId(), c, seq })
   return c
 end
 
@@ -66,9 +135,12 @@ local function write(locals, key, value)
     if value == nil then return end
     al = AsyncLocal.new { name = "async_hooks.otel " .. tostring(key) }
     locals[key] = al
+    all[al] = setmetatable({}, { __mode = "k" })
   end
   if type(value) == "table" then
-    al:set({ executionAsyncId(), value })
+    if hook == nil then hook = ah.createHook { init = capture } end
+    hook:enable()
+    al:set({ executionAsyncId(), value, is_seq(value) })
   else
     al:set(value)
   end
@@ -79,14 +151,25 @@ end
 -- Pass it to `require("opentelemetry.global").set_context_storage`, once
 -- per worker, after `install()`.  Reading and assigning its keys
 -- (`s[key]`, `s[key] = v`) read and set a value of the running execution
--- context: a coroutine, light thread, timer run or luv callback starts
--- with the values of the context that created it (as they were at
--- creation) and its assignments stay its own; the handlers of one request
--- share one context.  A table value is copied (shallow) at every read: the
--- reader may change the copy in place, and the change stays with the
--- reader's context.  An empty table inherited from the creator reads as
--- nil.  `pairs` on the storage sees nothing, and `rawget` reads nothing:
--- the values are not kept in the table itself.
+-- context.  A coroutine, light thread, timer run, luv callback or
+-- `runInAsyncScope` starts with the values its creator had when it was
+-- created, and what it assigns, or changes in a table it read, stays its
+-- own.  The handlers of one request share one context, and so do the
+-- scopes opened inside one context (`AsyncLocal:run`, `Snapshot:run`), as
+-- with `ngx.ctx` -- except that a context's first value stored inside such
+-- a scope ends with the scope.  `Snapshot.empty():run(fn)` starts `fn`
+-- with no values.
+--
+-- A table value is the context's own: its creator's is copied (shallow;
+-- element by element, or as a sequence when it was stored as one) for it.
+-- An empty table inherited from the creator reads as nil, as in a fresh
+-- `ngx.ctx`.  `pairs` on the storage sees nothing and `rawget` reads
+-- nothing: the values are not kept in the table itself.
+--
+-- The first table stored enables an `init` hook (`createHook`) for the
+-- rest of the process: it keeps the copies for new resources.  With a
+-- hook enabled, the library makes a resource for every registration,
+-- also those nothing else observes.
 --
 -- Each call returns a new storage with values of its own.
 -- @treturn table the storage
@@ -103,6 +186,9 @@ function M.storage()
     __metatable = "async_hooks.otel storage",
   })
 end
+
+-- the init hook, once made (for the specs, which disable it after a test)
+function M._hook() return hook end
 
 -- the methods of opentelemetry-lua's span processors that arm timers
 -- (the batch processor's export timer) or export
