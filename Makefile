@@ -105,6 +105,7 @@ docs:
 	rm -rf build/docs build/docs-src
 	mkdir -p build/docs-src/async_hooks
 	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/api.lua > build/docs-src/async_hooks/api.lua
+	sed -e '/^[[:space:]]*---@/d' lua/async_hooks/otel.lua > build/docs-src/async_hooks/otel.lua
 	ldoc -c config.ld --title "async_hooks $(RELEASE) reference" . > build/docs.log 2>&1 || { cat build/docs.log; exit 1; }
 	@if grep -v '^reading configuration\|^output written' build/docs.log | grep -q .; then \
 	  cat build/docs.log; echo "make docs: LDoc warned (above)"; exit 1; fi
@@ -153,7 +154,7 @@ dist: deps
 # temporary prefix on loopback (spec/20-openresty_spec.lua, tag #openresty),
 # and the OpenResty benchmark (BENCH_ARGS: rounds seconds callgrind-requests)
 OPENRESTY_PKGS := nginx-light libnginx-mod-http-lua lua-resty-core luajit2 wrk valgrind
-.PHONY: openresty openresty-deps openresty-bench
+.PHONY: openresty openresty-deps openresty-bench otel-bench
 openresty-deps:
 	@EXTRA_PKGS="$(OPENRESTY_PKGS)" ./.ci/deps
 
@@ -162,3 +163,9 @@ openresty: openresty-deps build
 
 openresty-bench: openresty-deps build
 	$(call PATHS,$(TREE)) && $(LUA) bench/openresty.lua $(BENCH_ARGS)
+
+# the cost of async_hooks.otel per request, with opentelemetry-lua from
+# ../shared/external (or AH_OTEL_LUA); BENCH_ARGS: rounds seconds
+# callgrind-requests callgrind-repetitions
+otel-bench: openresty-deps build
+	$(call PATHS,$(TREE)) && $(LUA) bench/otel.lua $(BENCH_ARGS)

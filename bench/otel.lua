@@ -8,7 +8,8 @@
 -- Handler (bench/otel_app.lua): APISIX's pattern, a request span attached
 -- in rewrite, a child attached and detached in content, the request span
 -- finished and detached in log; a batch span processor with an exporter
--- that drops the spans.  Both configurations call install():
+-- that drops the spans.  Path /c also starts a child span in a light
+-- thread, a timer and a coroutine.  Both configurations call install():
 --   ngxctx   opentelemetry-lua's default storage (ngx.ctx)
 --   adapter  async_hooks.otel.storage() and isolate(processor)
 -- Wall clock: interleaved rounds (the order alternates), one worker pinned
@@ -36,7 +37,13 @@ local SERVER = [[
       content_by_lua_block { require("otel_app").content() }
       log_by_lua_block { require("otel_app").log() }
     }
+    location /c {
+      rewrite_by_lua_block { require("otel_app").rewrite() }
+      content_by_lua_block { require("otel_app").children() }
+      log_by_lua_block { require("otel_app").log() }
+    }
 ]]
+local PATHS = { "/t", "/c" }
 local function conf(adapter, extra)
   local o = {
     http = ([[
@@ -68,8 +75,8 @@ local function sh_read(cmd)
   return s
 end
 
-local function wrk(srv, secs)
-  local out = sh_read(("taskset -c 1 wrk -t1 -c1 -d%ds %s 2>&1"):format(secs, srv:url("/t")))
+local function wrk(srv, path, secs)
+  local out = sh_read(("taskset -c 1 wrk -t1 -c1 -d%ds %s 2>&1"):format(secs, srv:url(path)))
   local rps = tonumber(out:match("Requests/sec:%s*([%d%.]+)"))
   if not rps then error("wrk failed: " .. out) end
   return rps
@@ -79,31 +86,34 @@ local function wallclock()
   local srv = {}
   local ok, err = pcall(function()
     for _, c in ipairs(CONFIGS) do srv[c.name] = N.start(conf(c.adapter, { prefix_cmd = "taskset -c 0" })) end
-    for _, c in ipairs(CONFIGS) do wrk(srv[c.name], 1) end -- warm up
-    local diffs, us = {}, { ngxctx = {}, adapter = {} }
-    for r = 1, ROUNDS do
-      local got = {}
-      for k = 0, 1 do
-        local c = CONFIGS[(r + k - 1) % 2 + 1]
-        got[c.name] = 1e6 / wrk(srv[c.name], SECS)
-        us[c.name][r] = got[c.name]
+    for _, path in ipairs(PATHS) do
+      for _, c in ipairs(CONFIGS) do wrk(srv[c.name], path, 1) end -- warm up
+      local diffs, us = {}, { ngxctx = {}, adapter = {} }
+      for r = 1, ROUNDS do
+        local got = {}
+        for k = 0, 1 do
+          local c = CONFIGS[(r + k - 1) % 2 + 1]
+          got[c.name] = 1e6 / wrk(srv[c.name], path, SECS)
+          us[c.name][r] = got[c.name]
+        end
+        diffs[r] = got.adapter - got.ngxctx
+        print(("%s round %d: us/request ngxctx %.2f adapter %.2f (%+.2f)"):format(path, r, got.ngxctx, got.adapter,
+          diffs[r]))
       end
-      diffs[r] = got.adapter - got.ngxctx
-      print(("round %d: us/request ngxctx %.2f adapter %.2f (%+.2f)"):format(r, got.ngxctx, got.adapter, diffs[r]))
+      print(("%s median us/request: ngxctx %.2f adapter %.2f; median paired difference %+.2f us"):format(
+        path, median(us.ngxctx), median(us.adapter), median(diffs)))
     end
-    print(("median us/request: ngxctx %.2f adapter %.2f; median paired difference %+.2f us"):format(
-      median(us.ngxctx), median(us.adapter), median(diffs)))
   end)
   for _, s in pairs(srv) do s:stop() end
   if not ok then error(err, 0) end
 end
 
-local function callgrind_ir(c, n)
+local function callgrind_ir(c, path, n)
   local out = os.tmpname()
   local srv = N.start(conf(c.adapter, { foreground = true, start_timeout = 120,
     prefix_cmd = ("valgrind --tool=callgrind --smc-check=all-non-file --callgrind-out-file=%s"):format(out) }))
   local ok, err = pcall(function()
-    for _ = 1, n do assert(srv:get("/t", 30) == 200, "request failed under callgrind") end
+    for _ = 1, n do assert(srv:get(path, 30) == 200, "request failed under callgrind") end
   end)
   uv.sleep(200)
   srv:stop()
@@ -120,19 +130,24 @@ local function instructions()
     print("callgrind: valgrind not installed, skipped")
     return
   end
-  local per = {}
-  for _, c in ipairs(CONFIGS) do
-    local runs = {}
-    for i = 1, CG_REPS do
-      local a = callgrind_ir(c, CG_N)
-      local b = callgrind_ir(c, 5 * CG_N)
-      runs[i] = (b - a) / (4 * CG_N)
+  for _, path in ipairs(PATHS) do
+    local per = {}
+    for _, c in ipairs(CONFIGS) do
+      local runs = {}
+      for i = 1, CG_REPS do
+        local a = callgrind_ir(c, path, CG_N)
+        local b = callgrind_ir(c, path, 5 * CG_N)
+        runs[i] = (b - a) / (4 * CG_N)
+      end
+      per[c.name] = median(runs)
+      local each = {}
+      for i, v in ipairs(runs) do each[i] = ("%.0f"):format(v) end
+      print(("callgrind %s %-7s %8.0f instructions/request (median of %s)"):format(path, c.name, per[c.name],
+        table.concat(each, ", ")))
     end
-    per[c.name] = median(runs)
-    print(("callgrind %-7s %8.0f instructions/request"):format(c.name, per[c.name]))
+    print(("callgrind %s: adapter %+.0f instructions/request (%.3fx)"):format(path, per.adapter - per.ngxctx,
+      per.adapter / per.ngxctx))
   end
-  print(("callgrind: adapter %+.0f instructions/request (%.3fx)"):format(per.adapter - per.ngxctx,
-    per.adapter / per.ngxctx))
 end
 
 if ROUNDS > 0 then wallclock() end

@@ -3,7 +3,9 @@
 -- rewrite phase, a child span attached and detached in the content phase,
 -- the request's span found with current(), finished and detached in the log
 -- phase -- with opentelemetry-lua's default storage (ngx.ctx) or with
--- async_hooks.otel's storage and an isolated processor.
+-- async_hooks.otel's storage and an isolated processor.  `children`: the
+-- content phase also starts a child span in a light thread, an
+-- ngx.timer.at callback and a coroutine.
 local global = require("opentelemetry.global")
 local context = require("opentelemetry.context")
 local M = {}
@@ -35,6 +37,25 @@ function M.content()
   span:finish()
   ctx:detach(tok)
   ngx.say("ok")
+end
+
+local function child(name)
+  local ctx, span = tracer:start(context.current(), name)
+  local tok = ctx:attach()
+  span:finish()
+  ctx:detach(tok)
+end
+
+local function timer_child(premature)
+  if not premature then child("timer") end
+end
+
+function M.children()
+  local th = ngx.thread.spawn(child, "thread")
+  ngx.timer.at(0, timer_child)
+  coroutine.wrap(child)("coroutine")
+  ngx.thread.wait(th)
+  M.content()
 end
 
 function M.log()

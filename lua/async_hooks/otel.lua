@@ -196,6 +196,17 @@ local METHODS = { "on_end", "force_flush", "shutdown", "flush_all" }
 
 local wrappers = setmetatable({}, { __mode = "k" }) -- functions made by isolate
 
+-- Whether on_end of `p` arms no timer now: opentelemetry-lua's batch span
+-- processor arms one from on_end only when its timer is not running or its
+-- queue is full.  Such calls skip the empty scope (a scope costs a request
+-- more than the rest of on_end); a processor without these fields always
+-- gets the scope.
+local function arms_no_timer(p)
+  if rawget(p, "is_timer_running") ~= true then return false end
+  local max, size = rawget(p, "max_queue_size"), p.get_queue_size
+  return type(max) == "number" and type(size) == "function" and size(p) < max
+end
+
 local function callable(f)
   if type(f) == "function" then return true end
   local mt = type(f) == "table" and getmetatable(f)
@@ -212,6 +223,8 @@ end
 -- the ones named in `methods`, by fields of the processor itself that call
 -- the original in `Snapshot.empty()`: every timer they arm, and every
 -- export, starts with every value at its default and no current span.
+-- (The batch span processor's `on_end` calls that arm no timer -- its
+-- timer already running, its queue not full -- run as they are.)
 -- Idempotent.
 -- @tparam table processor a span processor (`batch_span_processor.new(...)`)
 -- @tparam[opt] {string,...} methods the names of the methods to isolate
@@ -240,7 +253,15 @@ function M.isolate(processor, methods)
     local name = methods[i]
     local f = processor[name]
     if callable(f) and not wrappers[f] then
-      local w = function(...) return empty:run(f, ...) end
+      local w
+      if name == "on_end" then
+        w = function(self, ...)
+          if arms_no_timer(self) then return f(self, ...) end
+          return empty:run(f, self, ...)
+        end
+      else
+        w = function(...) return empty:run(f, ...) end
+      end
       wrappers[w] = true
       processor[name] = w
     end
