@@ -11,6 +11,7 @@
 -- that drops the spans.  Path /c also starts a child span in a light
 -- thread, a timer and a coroutine.  Both configurations call install():
 --   ngxctx   opentelemetry-lua's default storage (ngx.ctx)
+--   alocal   the same, and an AsyncLocal set in rewrite, read in each child
 --   adapter  async_hooks.otel.storage() and isolate(processor)
 -- Wall clock: interleaved rounds (the order alternates), one worker pinned
 -- to CPU 0, wrk pinned to CPU 1 with one connection; per round the
@@ -50,14 +51,15 @@ local function conf(adapter, extra)
   init_by_lua_block {
     require("async_hooks").install()
     require("otel_app").init(%s)
-  }]]):format(tostring(adapter)),
+  }]]):format(type(adapter) == "string" and ("%q"):format(adapter) or tostring(adapter)),
     server = SERVER,
     lua_path = N.ROOT .. "/bench/?.lua;" .. OTEL .. "/?.lua;" .. OTEL .. "/?/init.lua",
   }
   for k, v in pairs(extra or {}) do o[k] = v end
   return o
 end
-local CONFIGS = { { name = "ngxctx", adapter = false }, { name = "adapter", adapter = true } }
+local CONFIGS = { { name = "ngxctx", adapter = false }, { name = "alocal", adapter = "alocal" },
+  { name = "adapter", adapter = true } }
 
 local function median(t)
   local s = {}
@@ -88,20 +90,21 @@ local function wallclock()
     for _, c in ipairs(CONFIGS) do srv[c.name] = N.start(conf(c.adapter, { prefix_cmd = "taskset -c 0" })) end
     for _, path in ipairs(PATHS) do
       for _, c in ipairs(CONFIGS) do wrk(srv[c.name], path, 1) end -- warm up
-      local diffs, us = {}, { ngxctx = {}, adapter = {} }
+      local diffs, us = { alocal = {}, adapter = {} }, { ngxctx = {}, alocal = {}, adapter = {} }
       for r = 1, ROUNDS do
         local got = {}
-        for k = 0, 1 do
-          local c = CONFIGS[(r + k - 1) % 2 + 1]
+        for k = 0, #CONFIGS - 1 do
+          local c = CONFIGS[(r + k - 1) % #CONFIGS + 1]
           got[c.name] = 1e6 / wrk(srv[c.name], path, SECS)
           us[c.name][r] = got[c.name]
         end
-        diffs[r] = got.adapter - got.ngxctx
-        print(("%s round %d: us/request ngxctx %.2f adapter %.2f (%+.2f)"):format(path, r, got.ngxctx, got.adapter,
-          diffs[r]))
+        diffs.alocal[r], diffs.adapter[r] = got.alocal - got.ngxctx, got.adapter - got.ngxctx
+        print(("%s round %d: us/request ngxctx %.2f alocal %.2f (%+.2f) adapter %.2f (%+.2f)"):format(path, r,
+          got.ngxctx, got.alocal, diffs.alocal[r], got.adapter, diffs.adapter[r]))
       end
-      print(("%s median us/request: ngxctx %.2f adapter %.2f; median paired difference %+.2f us"):format(
-        path, median(us.ngxctx), median(us.adapter), median(diffs)))
+      print(("%s median us/request: ngxctx %.2f alocal %.2f adapter %.2f; median paired difference alocal %+.2f"
+        .. " adapter %+.2f us"):format(path, median(us.ngxctx), median(us.alocal), median(us.adapter),
+        median(diffs.alocal), median(diffs.adapter)))
     end
   end)
   for _, s in pairs(srv) do s:stop() end
@@ -145,8 +148,8 @@ local function instructions()
       print(("callgrind %s %-7s %8.0f instructions/request (median of %s)"):format(path, c.name, per[c.name],
         table.concat(each, ", ")))
     end
-    print(("callgrind %s: adapter %+.0f instructions/request (%.3fx)"):format(path, per.adapter - per.ngxctx,
-      per.adapter / per.ngxctx))
+    print(("callgrind %s: alocal %+.0f, adapter %+.0f instructions/request over ngxctx (adapter %.3fx)"):format(
+      path, per.alocal - per.ngxctx, per.adapter - per.ngxctx, per.adapter / per.ngxctx))
   end
 end
 

@@ -3,13 +3,15 @@
 -- rewrite phase, a child span attached and detached in the content phase,
 -- the request's span found with current(), finished and detached in the log
 -- phase -- with opentelemetry-lua's default storage (ngx.ctx) or with
--- async_hooks.otel's storage and an isolated processor.  `children`: the
+-- async_hooks.otel's storage and an isolated processor, or ("alocal") with
+-- the default storage and an AsyncLocal set in rewrite and read in each
+-- child (what the library's tracking costs these children by itself).  `children`: the
 -- content phase also starts a child span in a light thread, an
 -- ngx.timer.at callback and a coroutine.
 local global = require("opentelemetry.global")
 local context = require("opentelemetry.context")
 local M = {}
-local tracer
+local tracer, rid
 
 --- init_by_lua, after install()
 function M.init(adapter)
@@ -17,7 +19,9 @@ function M.init(adapter)
   local batch_span_processor = require("opentelemetry.trace.batch_span_processor")
   local exporter = { export_spans = function() return true end, shutdown = function() end }
   local processor = batch_span_processor.new(exporter, { max_queue_size = 100000, max_export_batch_size = 1000 })
-  if adapter then
+  if adapter == "alocal" then
+    rid = require("async_hooks").AsyncLocal.new { name = "rid" }
+  elseif adapter then
     local otel = require("async_hooks.otel")
     global.set_context_storage(otel.storage())
     otel.isolate(processor)
@@ -27,6 +31,7 @@ function M.init(adapter)
 end
 
 function M.rewrite()
+  if rid then rid:set(ngx.var.request_id) end
   local ctx = tracer:start(context.current(), "request")
   ngx.ctx.token = ctx:attach()
 end
@@ -40,6 +45,7 @@ function M.content()
 end
 
 local function child(name)
+  if rid then rid:get() end
   local ctx, span = tracer:start(context.current(), name)
   local tok = ctx:attach()
   span:finish()

@@ -354,6 +354,27 @@ describe("async_hooks.otel isolate", function()
     assert.is_nil(q.absent)
   end)
 
+  it("a batch processor's on_end that arms no timer (timer running, queue not full) runs as it is", function()
+    local v = ah.AsyncLocal.new { default = "-" }
+    local seen = {}
+    local p = { is_timer_running = true, max_queue_size = 2, queue = {} }
+    function p.get_queue_size(self) return #self.queue end
+    function p.on_end(self, span)
+      seen[#seen + 1] = span .. " " .. v:get()
+      self.queue[#self.queue + 1] = span
+    end
+    otel.isolate(p)
+    v:run("request", function()
+      p:on_end("a") -- timer running, queue 0 < 2
+      p:on_end("b") -- 1 < 2
+      p:on_end("c") -- full: may arm a timer
+      p.is_timer_running = false
+      p.queue = {}
+      p:on_end("d") -- no timer running: arms one
+    end)
+    assert.same({ "a request", "b request", "c -", "d -" }, seen)
+  end)
+
   it("raises at the caller's line for bad arguments", function()
     assert.equal("bad argument #1 to 'isolate' (table expected, got nil)", H.raised_here(function() otel.isolate() end))
     assert.equal("bad argument #2 to 'isolate' (table expected, got string)",
