@@ -274,6 +274,21 @@ describe("async_hooks.otel storage", function()
     assert.equal("a", got)
   end)
 
+  it("the copies kept for new contexts go with them: memory stays bounded", function()
+    local C = model(otel.storage())
+    local tok = C.attach("a")
+    local function burst()
+      for _ = 1, 2000 do coroutine.create(function() return C.current() end) end
+    end
+    burst()
+    H.gc()
+    local base = collectgarbage("count")
+    for _ = 1, 20 do burst() end
+    H.gc()
+    assert.is_true(collectgarbage("count") - base < 64, "grew by " .. (collectgarbage("count") - base) .. " KiB")
+    assert.is_true(C.detach(tok))
+  end)
+
   it("keeps nothing in the table itself; protects its metatable; nil and NaN keys raise", function()
     local s = otel.storage()
     s[KEY] = { "a" }
