@@ -95,12 +95,14 @@ local function is_seq(t)
 end
 
 -- the table of the record `rec` as the running context sees it: its own,
--- or the copy made for it when it was created, or the owner's as it is
+-- or the copy made for it when it was created, or the owner's as it is;
+-- whether it is its own; the running context's executionAsyncId
 local function view(rec, copies)
-  if rec[1] == executionAsyncId() then return rec[2], true end
+  local id = executionAsyncId()
+  if rec[1] == id then return rec[2], true, id end
   local c = copies[executionAsyncResource()]
-  if c ~= nil and c[1] == rec then return c[2], false end
-  return rec[2], false
+  if c ~= nil and c[1] == rec then return c[2], false, id end
+  return rec[2], false, id
 end
 
 -- the init hook: keep for the new resource a copy of every table its
@@ -120,12 +122,12 @@ local function read(locals, key)
   if al == nil then return nil end
   local rec = al:get()
   if type(rec) ~= "table" then return rec end
-  local t, own = view(rec, all[al])
+  local t, own, id = view(rec, all[al])
   if own then return t end
   local seq = rec[3]
   if seq and #t == 0 or not seq and next(t) == nil then return nil end
   local c = copy(t, seq)
-  al:set({ executionAsyncId(), c, seq })
+  al:set({ id, c, seq })
   return c
 end
 
