@@ -4,7 +4,8 @@
 -- spans in a light thread, an ngx.timer.at callback and a coroutine; the
 -- batch span processor exports outside every request; a traceparent joins
 -- a second server's spans to the caller's trace.  Handlers:
--- spec/support/ah_otel_app.lua.  Suite: `make openresty`.
+-- spec/support/ah_otel_app.lua.  Suite: `make openresty`; AH_OTEL_DEBUG=1
+-- prints the report.
 local N = require("support.nginx")
 
 local OTEL = os.getenv("AH_OTEL_LUA") or (N.ROOT .. "/../shared/external/opentelemetry-lua/lib")
