@@ -16,6 +16,8 @@ files["lua/async_hooks/api.lua"] = {
 }
 files["lua/async_hooks/init.lua"] = { std = "luajit" }
 files["lua/async_hooks/errors.lua"] = { std = "luajit" }
+-- the opentelemetry-lua integration: plain Lua for both backends
+files["lua/async_hooks/otel.lua"] = { std = "luajit" }
 files["lua/async_hooks/backend/lua54.lua"] = { globals = { "coroutine" } }
 -- the pure-Lua backend and what it loads run on LuaJIT and Lua 5.1 to 5.3
 -- too: only what they all have (guarded uses of the rest)
@@ -37,6 +39,8 @@ files["spec/support/ah_ngx_app.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_ngx_same.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_ngx_internals.lua"] = { std = "ngx_lua" }
 files["spec/support/ah_bad_input.lua"] = { std = "ngx_lua" }
+files["spec/support/ah_otel_app.lua"] = { std = "ngx_lua" }
 files["bench/openresty_app.lua"] = { std = "ngx_lua" }
+files["bench/otel_app.lua"] = { std = "ngx_lua" }
 -- the OpenResty example's app runs inside nginx (LuaJIT + ngx_lua globals)
 files["examples/openresty"] = { std = "ngx_lua" }

@@ -201,7 +201,7 @@ dist: deps
 # temporary prefix on loopback (spec/20-openresty_spec.lua, tag #openresty),
 # and the OpenResty benchmark (BENCH_ARGS: rounds seconds callgrind-requests)
 OPENRESTY_PKGS := nginx-light libnginx-mod-http-lua lua-resty-core luajit2 wrk valgrind
-.PHONY: openresty openresty-deps openresty-bench
+.PHONY: openresty openresty-deps openresty-bench otel-bench
 openresty-deps:
 	@EXTRA_PKGS="$(OPENRESTY_PKGS)" ./.ci/deps
 
@@ -210,3 +210,9 @@ openresty: openresty-deps build
 
 openresty-bench: openresty-deps build
 	$(call PATHS,$(TREE)) && $(LUA) bench/openresty.lua $(BENCH_ARGS)
+
+# the cost of async_hooks.otel per request, with opentelemetry-lua from
+# ../shared/external (or AH_OTEL_LUA); BENCH_ARGS: rounds seconds
+# callgrind-requests callgrind-repetitions
+otel-bench: openresty-deps build
+	$(call PATHS,$(TREE)) && $(LUA) bench/otel.lua $(BENCH_ARGS)

@@ -27,6 +27,7 @@ build = {
     ["async_hooks"] = "lua/async_hooks/init.lua",
     ["async_hooks.api"] = "lua/async_hooks/api.lua",
     ["async_hooks.errors"] = "lua/async_hooks/errors.lua",
+    ["async_hooks.otel"] = "lua/async_hooks/otel.lua",
     ["async_hooks.backend.ngx"] = "lua/async_hooks/backend/ngx.lua",
     ["async_hooks.backend.ngx_hooks"] = "lua/async_hooks/backend/ngx_hooks.lua",
     ["async_hooks.backend.ngx_private"] = "lua/async_hooks/backend/ngx_private.lua",
