@@ -285,7 +285,9 @@ describe("async_hooks.otel storage", function()
     local base = collectgarbage("count")
     for _ = 1, 20 do burst() end
     H.gc()
-    assert.is_true(collectgarbage("count") - base < 64, "grew by " .. (collectgarbage("count") - base) .. " KiB")
+    -- (40000 copies kept would be several MiB; what the rest of the suite
+    -- left in this state moves the heap by tens of KiB)
+    assert.is_true(collectgarbage("count") - base < 1024, "grew by " .. (collectgarbage("count") - base) .. " KiB")
     assert.is_true(C.detach(tok))
   end)
 
