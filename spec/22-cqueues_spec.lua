@@ -311,11 +311,12 @@ describe("cqueues", function()
       local cqueues = require("cqueues")
       require("async_hooks").install()
       local index = debug.getmetatable(cqueues.new()).__index
-      local junk = { 42, "x", {}, tostring, function() end, coroutine.create(print) }
+      -- (io.lines' iterator: a C function whose upvalues must be a file)
+      local junk = { 42, "x", {}, tostring, io.lines("/etc/hostname"), function() end, coroutine.create(print) }
       local n, ok = 0, 0
       for _, name in ipairs({ "wrap", "step" }) do
         local f = index[name]
-        for up = 9, 12 do -- the stand-in's own: orig, mt, impl, post
+        for up = 1, 12 do -- cqueues' upvalues copied, then orig's record, mt, impl, post
           local _, keep = debug.getupvalue(f, up)
           for _, v in ipairs(junk) do
             debug.setupvalue(f, up, v)
@@ -330,7 +331,7 @@ describe("cqueues", function()
       local cq = cqueues.new()
       assert(cq:wrap(function() end) == cq and cq:loop())
       print(n, ok > 0)
-    ]], { "48\ttrue" })
+    ]], { "168\ttrue" })
   end)
 
   it("an error in a wrapped thread reaches cq:loop as without the library", function()
@@ -428,6 +429,28 @@ describe("cqueues", function()
       print(debug.getmetatable(package.loaded))
       ah.uninstall()
     ]], { "nil" })
+  end)
+
+  it("where cqueues cannot be required, install() does not wait for it", function()
+    -- package.cpath: a folder with luv and the library's core only
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir))
+    local function link(name, as)
+      local path = assert(package.searchpath(name, package.cpath))
+      assert(os.execute(("mkdir -p %s/%s && ln -s %s %s/%s"):format(dir, as:match("^(.-)[^/]*$"), path, dir, as)))
+    end
+    link("luv", "luv.so")
+    link("async_hooks.core", "async_hooks/core.so")
+    local out = run(([[
+      package.cpath = %q
+      local ah = require("async_hooks").install()
+      print(pcall(require, "cqueues"))
+      require("luv")
+      print(debug.getmetatable(package.loaded))
+    ]]):format(dir .. "/?.so"))
+    os.execute("rm -rf " .. dir)
+    assert.matches("^false\t.-\nnil\n$", out)
   end)
 end)
 

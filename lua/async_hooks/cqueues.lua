@@ -41,6 +41,15 @@ function M.methods()
   return index, mt
 end
 
+--- Whether cqueues can be required: its C module `_cqueues` is loaded,
+-- preloaded or on `package.cpath`.
+function M.findable()
+  local pkg = package
+  return rawget(pkg.loaded, "_cqueues") ~= nil or rawget(pkg.preload, "_cqueues") ~= nil
+    or rawget(pkg.preload, "cqueues") ~= nil
+    or (type(pkg.cpath) == "string" and pkg.searchpath("_cqueues", pkg.cpath) ~= nil)
+end
+
 -- persist.cqueues: { on = installed, tables = { [method table] = { [name] =
 -- { orig = f, mine = f } } }, aux = the upvalue switched in auxlib }
 local function state_of(persist)

@@ -306,8 +306,13 @@ function B.install(opts)
   elseif not persist.luv then
     names[#names + 1] = "luv"
   end
-  -- cqueues: loaded (its C module's method table exists), or awaited
-  if not cqmod.attach(persist, persist.coroutine.resume) then names[#names + 1] = "cqueues" end
+  -- cqueues: loaded (its C module's method table exists), or awaited when
+  -- it can be loaded (its C module on package.cpath or package.preload):
+  -- a program that cannot require it keeps no trace of the wait once luv
+  -- is integrated
+  if not cqmod.attach(persist, persist.coroutine.resume) and cqmod.findable() then
+    names[#names + 1] = "cqueues"
+  end
   await(names)
   if persist.want and next(persist.want) == nil then unwatch() end
 end
