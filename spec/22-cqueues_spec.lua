@@ -334,6 +334,25 @@ describe("cqueues", function()
     ]], { "168\ttrue" })
   end)
 
+  it("a failing cq:wrap thread's traceback, with and without arguments, is as without the library", function()
+    local script = [[
+      %s
+      local cqueues = require("cqueues")
+      local cq = cqueues.new()
+      local function f(a, b) error("boom " .. tostring(a) .. tostring(b)) end
+      for _, args in ipairs({ {}, { 1 }, { 1, 2 } }) do
+        cq:wrap(f, table.unpack(args))
+        local ok, err, _, co = cq:step()
+        print(ok, err)
+        print(co and debug.traceback(co))
+      end
+    ]]
+    local norm = function(out) return (out:gsub("/tmp/[%w_.]+:", "SCRIPT:")) end
+    local plain = norm(run(script:format("")))
+    assert.matches("boom 12", plain)
+    assert.equal(plain, norm(run(script:format('require("async_hooks").install()'))))
+  end)
+
   it("an error in a wrapped thread reaches cq:loop as without the library", function()
     local script = [[
       %s

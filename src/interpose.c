@@ -110,8 +110,24 @@ static int l_interpose(lua_State *L) {
   return 1;
 }
 
+/* thread_push(co, ...): the values go onto the stack of co, a coroutine
+** that has not started, above its function: what a scheduler that starts
+** a thread with its stack's values as arguments (cqueues) then passes */
+static int l_thread_push(lua_State *L) {
+  lua_State *co = lua_tothread(L, 1);
+  lua_Debug ar;
+  int n = lua_gettop(L) - 1;
+  luaL_argexpected(L, co != NULL && co != L, 1, "coroutine");
+  luaL_argcheck(L, lua_status(co) == LUA_OK && !lua_getstack(co, 0, &ar) &&
+                   lua_gettop(co) == 1, 1, "a coroutine that has not started");
+  if (!lua_checkstack(co, n)) return luaL_error(L, "too many arguments");
+  lua_xmove(L, co, n);
+  return 0;
+}
+
 static const luaL_Reg interpose_funcs[] = {
   {"interpose", l_interpose},
+  {"thread_push", l_thread_push},
   {NULL, NULL}
 };
 

@@ -873,7 +873,8 @@ return function(B)
   -- `opts.debug` turns on debug mode, which reports where context is lost
   -- silently (a coroutine the library did not create reads a value, a luv
   -- callback registered behind its back runs): `true` writes one line per
-  -- site to stderr, a function is called with that line instead, `false`
+  -- site to stderr, a function is called with that line instead (where the
+  -- loss was found: it should only log), `false`
   -- turns it off; nil leaves it as it is, unless the environment variable
   -- `ASYNC_HOOKS_DEBUG` is set (and not `0`): then it is `true`.
   -- @tparam[opt] table opts `{luv = module, debug = boolean|function}`

@@ -7,21 +7,20 @@
 -- controller methods `wrap` and `step` are replaced (in the method table
 -- that `cqueues.interpose` writes, shared by every controller, those made
 -- earlier included): `wrap(self, f, ...)` becomes `attach(self, co)` with
--- `co` made by the library's `coroutine.create` (a coroutine that calls
--- `f(...)`), which is what cqueues' `wrap` does with a thread it made
--- itself; `step` calls the original and then delivers the queued destroys.
+-- `co` made by the library's `coroutine.create(f)`, wrap's other arguments
+-- on its stack above `f`: what cqueues' `wrap` does with a thread it made
+-- itself (so `f` is the thread's function and its traceback is the same); `step` calls the original and then delivers the queued destroys.
 -- `cqueues.auxlib` keeps the `coroutine.resume` it found when it was loaded:
 -- that saved function is switched to the library's and back.
 -- Used by `async_hooks.install()`; not meant to be required on its own.
 -- @module async_hooks.cqueues
 local core = require("async_hooks.core")
 
-local type, rawget, rawset, select, pairs, setmetatable, error =
-  type, rawget, rawset, select, pairs, setmetatable, error
+local type, rawget, rawset, select, pairs, setmetatable =
+  type, rawget, rawset, select, pairs, setmetatable
 local getupvalue, setupvalue = debug.getupvalue, debug.setupvalue
-local yield = coroutine.yield
 local create, lib_resume, flush = core.coro.create, core.coro.resume, core.flush
-local interpose = core.interpose
+local interpose, thread_push = core.interpose, core.thread_push
 
 -- the registry name of a controller's metatable (cqueues' C source)
 local CLASS = "Continuation Queue"
@@ -61,26 +60,17 @@ local function state_of(persist)
   return st
 end
 
--- A thread's first slice when `wrap` was given arguments: it stops at once
--- (resumed by lcorolib's own resume: no hook events), holding f and the
--- arguments; cqueues' first resume, with no values, runs f(...).
-local function primed(f, ...)
-  yield()
-  return f(...)
-end
-
 -- wrap's work, for a call the stand-in passed on (self a controller, f a
--- function): attach(self, co), co made by the library's create: create(f),
--- or with arguments create(primed) resumed once with f and them.  Once
--- uninstalled (a stand-in that another interposition still calls), the
--- original's.
-local function make_wrap(st, wrap, attach, raw_resume)
+-- function): attach(self, co), co made by the library's create(f), with
+-- wrap's other arguments on its stack above f, as cqueues' own wrap leaves
+-- them on the thread it makes (cqueues starts a thread with the values on
+-- its stack as arguments).  Once uninstalled (a stand-in that another
+-- interposition still calls), the original's.
+local function make_wrap(st, wrap, attach)
   return function(self, f, ...)
     if not st.on then return wrap(self, f, ...) end
-    if select("#", ...) == 0 then return attach(self, create(f)) end
-    local co = create(primed)
-    local ok, err = raw_resume(co, f, ...)
-    if not ok then error(err, 2) end -- (out of memory)
+    local co = create(f)
+    if select("#", ...) > 0 then thread_push(co, ...) end
     return attach(self, co)
   end
 end
@@ -127,7 +117,7 @@ local function patch(st, index, mt)
       local orig = rawget(index, name)
       local mine
       if name == "wrap" then
-        mine = is_c(orig) and interpose(orig, mt, make_wrap(st, orig, rawget(index, "attach"), st.raw_resume))
+        mine = is_c(orig) and interpose(orig, mt, make_wrap(st, orig, rawget(index, "attach")))
       elseif is_c(orig) then
         mine = interpose(orig, nil, orig, make_post(st))
       else
@@ -167,7 +157,6 @@ end
 function M.attach(persist, raw_resume)
   local st = state_of(persist)
   st.on = true
-  st.raw_resume = st.raw_resume or raw_resume
   switch_auxlib(raw_resume, lib_resume)
   local index, mt = M.methods()
   if not index then return false end
