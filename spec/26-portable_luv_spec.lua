@@ -214,6 +214,41 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     assert.matches("init uv_tcp", s, 1, true)
   end)
 
+  it("a second luv table given to install(): each registration's events once", function()
+    if ah.backend == "lua54" then
+      pending("the C core integrates one luv table per state (package.loaded.luv or opts.luv)")
+      return
+    end
+    local log = typed_recorder(track)
+    local other = {}
+    for k, f in pairs(uv) do other[k] = f end
+    ah.install { luv = other } -- (the handle metatables are the same)
+    local v = AsyncLocal.new()
+    v:run("x", function()
+      local t = uv.new_timer()
+      t:start(1, 0, function() t:close() end)
+    end)
+    uv.run()
+    local n = 0
+    for _, line in ipairs(log) do if line == "init uv_timer" then n = n + 1 end end
+    assert.equal(1, n)
+  end)
+
+  it("a handle registered while installed and closed after uninstall() is collected", function()
+    local weak = setmetatable({}, { __mode = "k" })
+    do
+      local t = uv.new_timer()
+      AsyncLocal.new():run("x", function() t:start(1000, 0, function() end) end)
+      weak[t] = true
+      t:stop()
+      ah.uninstall()
+      t:close()
+    end
+    uv.run()
+    H.gc()
+    assert.is_nil(next(weak))
+  end)
+
   it("luv_covered names the wrapped functions", function()
     local covered = {}
     for _, name in ipairs(ah.luv_covered) do covered[name] = true end

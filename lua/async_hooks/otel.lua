@@ -204,7 +204,8 @@ local wrappers = setmetatable({}, { __mode = "k" }) -- functions made by isolate
 -- more than the rest of on_end); a processor without these fields always
 -- gets the scope.
 local function arms_no_timer(p)
-  if rawget(p, "is_timer_running") ~= true then return false end
+  -- (anything but a table goes the scoped way: its errors stay on_end's)
+  if type(p) ~= "table" or rawget(p, "is_timer_running") ~= true then return false end
   local max, size = rawget(p, "max_queue_size"), p.get_queue_size
   return type(max) == "number" and type(size) == "function" and size(p) < max
 end

@@ -864,8 +864,14 @@ local function attach(uv)
   state = state or { uvs = {}, patches = {} }
   local wrappers = persist.luv_wrappers or {} -- original -> wrapper
   persist.luv_wrappers = wrappers
+  -- every wrapper made: a second luv table (luvit's `uv` next to `luv`, or
+  -- Neovim's) shares the registry's handle metatables, whose methods are
+  -- wrappers by then and are not wrapped again
+  local made = persist.luv_made or setmetatable({}, WEAKK)
+  persist.luv_made = made
   -- (one wrapper per function and name it is called by)
   local function patch(tbl, k, orig, s, method)
+    if made[orig] then return end
     local key = (method and ":" or ".") .. k
     local by_name = wrappers[orig]
     if not by_name then
@@ -876,6 +882,7 @@ local function attach(uv)
     if not w then
       w = make_wrapper(orig, s, k, method)
       by_name[key] = w
+      made[w] = true
     end
     state.patches[#state.patches + 1] = { tbl, k, orig }
     tbl[k] = w
@@ -888,7 +895,7 @@ local function attach(uv)
   end
   -- uv.run delivers the queued destroys when it starts
   local run = rawget(uv, "run")
-  if type(run) == "function" then
+  if type(run) == "function" and not made[run] then
     local w = wrappers[run]
     if not w then
       w = function(...)
@@ -897,6 +904,7 @@ local function attach(uv)
         return run(...)
       end
       wrappers[run] = w
+      made[w] = true
     end
     state.patches[#state.patches + 1] = { uv, "run", run }
     uv.run = w
@@ -935,6 +943,11 @@ local function detach()
     p[1][p[2]] = p[3]
   end
   persist.luv = nil
+  -- the handles' registrations are forgotten: a record holds its handle,
+  -- and once luv's own close runs nothing would take the entry away (a
+  -- weak key does not free a value that refers to it before Lua 5.2's
+  -- ephemerons, and not on LuaJIT); their destroys are not emitted
+  for h in pairs(hregs) do hregs[h] = nil end
 end
 
 ---------------------------------------------------------------------------
