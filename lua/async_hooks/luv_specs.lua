@@ -90,7 +90,20 @@ for name, pos in pairs(FS) do
   end
 end
 
-local M = { SPECS = SPECS, SLOT_OF = SLOT_OF,
+--- What a luv module has, checked before anything is patched: the same
+-- list, and so the same messages, on every backend.
+local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
+
+--- nil when uv looks like luv, else why not: a refusal key of the api's
+-- REFUSED and its arguments.
+local function not_luv(uv, where)
+  if type(uv) ~= "table" then return "not_luv", where, uv end
+  for _, k in ipairs(LUV_FUNCS) do
+    if type(uv[k]) ~= "function" then return "luv_lacks", where, k end
+  end
+end
+
+local M = { SPECS = SPECS, SLOT_OF = SLOT_OF, LUV_FUNCS = LUV_FUNCS, not_luv = not_luv,
   K_HANDLE = K_HANDLE, K_CREATE = K_CREATE, K_CLOSE = K_CLOSE, K_REQ = K_REQ, K_WORK = K_WORK }
 
 -- slot numbers of handle registrations (s.slot): the functions that share

@@ -8,6 +8,7 @@
 -- @module async_hooks.backend.lua54
 local core = require("async_hooks.core")
 local luvmod = require("async_hooks.luv")
+local luvspecs = require("async_hooks.luv_specs")
 local cqmod = require("async_hooks.cqueues")
 local errors = require("async_hooks.errors")
 
@@ -155,16 +156,7 @@ function B.set_debug(report)
 end
 
 -- what attach() and the preload path use of a luv module
-local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
-
--- nil when uv looks like luv, else why not (a refusal of the api's
--- REFUSED and its arguments)
-local function not_luv(uv, where)
-  if type(uv) ~= "table" then return "not_luv", where, uv end
-  for _, k in ipairs(LUV_FUNCS) do
-    if type(uv[k]) ~= "function" then return "luv_lacks", where, k end
-  end
-end
+local LUV_FUNCS, not_luv = luvspecs.LUV_FUNCS, luvspecs.not_luv
 
 local PATCHED = { "create", "wrap", "resume", "close" }
 

@@ -962,18 +962,8 @@ B.install_options = { luv = true, debug = true }
 -- code that resumed it), and no luv callback reaches luv unwrapped.
 function B.set_debug() end
 
--- what a luv module has (checked before anything is patched; the C core's
--- list, for the same messages)
-local LUV_FUNCS = { "new_check", "check_start", "unref", "run", "loop_alive", "loop_mode" }
-
--- nil when uv looks like luv, else why not (the api's REFUSED key and its
--- arguments)
-local function not_luv(uv, where)
-  if type(uv) ~= "table" then return "not_luv", where, uv end
-  for _, k in ipairs(LUV_FUNCS) do
-    if type(uv[k]) ~= "function" then return "luv_lacks", where, k end
-  end
-end
+-- nil when uv looks like luv, else why not (the C core's list and messages)
+local not_luv = specs.not_luv
 
 local function looks_like_luv(uv) return not_luv(uv, "") == nil end
 
