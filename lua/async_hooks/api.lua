@@ -29,9 +29,8 @@
 -- Errors raised here carry the position of the user's call: checks are
 -- written in the public function itself (`raise(msg)`, async_hooks.errors),
 -- helpers only build messages.
-local type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget =
-  type, setmetatable, getmetatable, error, tostring, ipairs, pairs, rawget
-local dgetmetatable = debug.getmetatable
+local type, setmetatable, getmetatable, error, tostring, ipairs, pairs =
+  type, setmetatable, getmetatable, error, tostring, ipairs, pairs
 local floor, concat, sort = math.floor, table.concat, table.sort
 local tointeger = math.tointeger or function(x) -- LuaJIT: exact integers of a double
   if x == floor(x) and x >= -2 ^ 53 and x <= 2 ^ 53 then return x end
@@ -188,15 +187,7 @@ return function(B)
   -- checks (message builders; the public function raises)
   -- ------------------------------------------------------------
 
-  --- A function, or a table or userdata whose metatable has `__call` (the C
-  -- core's definition).
-  local function callable(f)
-    local t = type(f)
-    if t == "function" then return true end
-    if t ~= "table" and t ~= "userdata" then return false end
-    local mt = dgetmetatable(f)
-    return mt ~= nil and rawget(mt, "__call") ~= nil
-  end
+  local callable = errors.callable
 
   --- What a message says it got: a class or the module given where an
   -- object or options were expected, else the type name.

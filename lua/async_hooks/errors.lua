@@ -24,6 +24,17 @@ function M.typename(v)
   return type(v)
 end
 
+--- Whether v can be called as an argument the library takes: a function,
+-- or a table or userdata whose metatable has `__call` (the C core's
+-- definition, so that both backends accept the same values).
+function M.callable(v)
+  local t = type(v)
+  if t == "function" then return true end
+  if t ~= "table" and t ~= "userdata" then return false end
+  local mt = dgetmetatable(v)
+  return mt ~= nil and rawget(mt, "__call") ~= nil
+end
+
 --- error(msg) at the caller of the public function that calls raise, or,
 -- past the library's frames, at the nearest user code: a public function
 -- the user called in tail position (`return als:run(s, f)`) has no caller

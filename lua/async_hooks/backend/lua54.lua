@@ -245,6 +245,13 @@ local function make_preload(name, host)
   return preload
 end
 
+-- a package.preload entry for name, in front of the host's
+local function add_preload(name)
+  local host = package.preload[name]
+  persist.preloads[name] = { make_preload(name, host), host }
+  package.preload[name] = persist.preloads[name][1]
+end
+
 -- wait for the modules in `names` (a list) to be required
 local function await(names)
   if persist.watch or persist.preloads then
@@ -253,9 +260,7 @@ local function await(names)
       if persist.watch then
         persist.want[name] = true
       elseif not persist.preloads[name] then
-        local host = package.preload[name]
-        persist.preloads[name] = { make_preload(name, host), host }
-        package.preload[name] = persist.preloads[name][1]
+        add_preload(name)
       end
     end
     return
@@ -267,11 +272,7 @@ local function await(names)
     watch()
   else
     persist.preloads = {}
-    for _, name in ipairs(names) do
-      local host = package.preload[name]
-      persist.preloads[name] = { make_preload(name, host), host }
-      package.preload[name] = persist.preloads[name][1]
-    end
+    for _, name in ipairs(names) do add_preload(name) end
   end
 end
 

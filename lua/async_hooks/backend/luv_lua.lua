@@ -572,13 +572,7 @@ local mtname = setmetatable({}, WEAKK)
 local hregs = persist.hregs or setmetatable({}, WEAKK)
 persist.hregs = hregs
 
-local function callable(f)
-  local t = type(f)
-  if t == "function" then return true end
-  if t ~= "table" and t ~= "userdata" then return false end
-  local mt = dgetmetatable(f)
-  return mt ~= nil and rawget(mt, "__call") ~= nil
-end
+local callable = errors.callable
 
 local function type_of(rec)
   local t = rec.s[5]
