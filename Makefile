@@ -25,7 +25,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test test-purelua asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
+.PHONY: all build test test-purelua purelua-helper asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
 
 all: build
 
@@ -61,16 +61,38 @@ test-fast: build
 PURELUA_LUAS ?= luajit lua5.1 lua5.2 lua5.3
 PURELUA_ENV  := env -u LUA_CPATH -u LUA_PATH_5_2 -u LUA_CPATH_5_2 -u LUA_PATH_5_3 -u LUA_CPATH_5_3 \
                 LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;"
+# The backend's optional C helper (src/purelua/cbpcall.c, async_hooks.luvcb)
+# for each Lua ABI (LuaJIT uses 5.1's), against Debian's headers
+# (liblua5.X-dev), checked against luv's own header where lua-luv-dev is
+# installed.  Each runtime finds its build with PURELUA_CPATH.
+PURELUA_ABIS   := 5.1 5.2 5.3
+PURELUA_CFLAGS := -std=c99 -O2 -fPIC -Wall -Wextra -Wpedantic -Werror
+PURELUA_HELPER  = build/purelua/$(1)/async_hooks/luvcb.so
+PURELUA_CPATH   = LUA_CPATH="$(CURDIR)/build/purelua/$$($$l -e 'io.write((_VERSION:gsub("Lua ", "")))')/?.so;;"
+.PHONY: purelua-helper
+purelua-helper: $(foreach v,$(PURELUA_ABIS),$(call PURELUA_HELPER,$(v)))
+
+build/purelua/%/async_hooks/luvcb.so: src/purelua/cbpcall.c
+	@if [ ! -f /usr/include/lua$*/lua.h ]; then echo "purelua-helper: no /usr/include/lua$*/lua.h (Debian: liblua$*-dev)"; exit 1; fi
+	mkdir -p $(dir $@)
+	gcc $(PURELUA_CFLAGS) $$([ -f /usr/include/lua$*/luv/luv.h ] && echo -DLUVCB_CHECK_LUV_H) \
+	  -I/usr/include/lua$* -shared $< -o $@
+
+# Each runtime with the helper (ASYNC_HOOKS_LUVCB=1: it must load), then
+# those of PURELUA_NOHELPER without it (=0: the pure-Lua path alone).
+PURELUA_NOHELPER ?= luajit lua5.1
 .PHONY: test-purelua
-test-purelua:
-	@status=0; for l in $(PURELUA_LUAS); do \
+test-purelua: purelua-helper
+	@status=0; for run in $(foreach l,$(PURELUA_LUAS),$(l):1) $(foreach l,$(PURELUA_NOHELPER),$(l):0); do \
+	  l=$${run%:*}; helper=$${run#*:}; \
 	  if ! command -v $$l >/dev/null 2>&1; then echo "test-purelua: $$l skipped: not installed"; continue; fi; \
 	  if ! $(PURELUA_ENV) $$l -e 'require("luv")' >/dev/null 2>&1; then \
 	    echo "test-purelua: $$l skipped: no luv for it (Debian: lua-luv)"; continue; fi; \
 	  if ! $(PURELUA_ENV) $$l -e 'require("busted.runner")' >/dev/null 2>&1; then \
 	    echo "test-purelua: $$l skipped: no busted for it (Debian: lua-busted)"; continue; fi; \
-	  echo "== $$l"; \
-	  $(PURELUA_ENV) $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
+	  if [ $$helper = 1 ]; then echo "== $$l, with the C helper"; else echo "== $$l, pure Lua"; fi; \
+	  $(PURELUA_ENV) $(PURELUA_CPATH) ASYNC_HOOKS_LUVCB=$$helper \
+	    $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
 	done; exit $$status
 
 # The wall-clock rows of docs/performance.md#other-lua-versions: each

@@ -40,6 +40,22 @@ local errors = require("async_hooks.errors")
 local raise_at_caller = errors.raise
 local specs = require("async_hooks.luv_specs")
 
+-- The C helper (async_hooks.luvcb, src/purelua/cbpcall.c), when it is
+-- built for this runtime: luv's own cb_pcall then calls the user's
+-- callbacks, so that an uncaught error's traceback is the one without the
+-- library.  ASYNC_HOOKS_LUVCB=0 in the environment: not used; =1: required
+-- (an error when it does not load).
+local luvcb = nil
+do
+  local want = os.getenv("ASYNC_HOOKS_LUVCB")
+  if want == "1" then
+    luvcb = require("async_hooks.luvcb")
+  elseif want ~= "0" then
+    local ok, m = pcall(require, "async_hooks.luvcb")
+    if ok and type(m) == "table" then luvcb = m end
+  end
+end
+
 local registry = debug.getregistry()
 local PKEY = "async_hooks.backend.luv_lua"
 local persist = registry[PKEY]
@@ -47,7 +63,7 @@ if persist and persist.backend then return persist.backend end
 persist = persist or {}
 registry[PKEY] = persist
 
-local B = { name = "luv_lua", persist = persist }
+local B = { name = "luv_lua", persist = persist, luvcb = luvcb }
 
 ---------------------------------------------------------------------------
 -- frames and records
@@ -548,6 +564,17 @@ local function co_wrap(f)
   end
 end
 
+-- with the C helper, the function wrap returns is a C function that
+-- raises the error as the runtime's own does (no frame of the library's
+-- in its traceback)
+if luvcb then
+  local cwrap = luvcb.wrap
+  co_wrap = function(f)
+    local co = make_coroutine(f, "wrap")
+    return cwrap(co, co_resume, WRAP_WHERE)
+  end
+end
+
 --- The drop-in `coroutine` library (`close` only where the runtime has it:
 -- not before Lua 5.4).
 B.coroutine = {
@@ -704,11 +731,53 @@ local function call_reg(rec, ...)
 end
 REGMT.__call = call_reg
 
+-- With the C helper, luv's cb_pcall calls cb_enter(rec) in front of a
+-- record (or of a function of fnrec, below), then the user's callback
+-- itself, then cb_leave(rec, prev, ok) whether it returned or raised: the
+-- work of call_reg around luv's own call.  cb_enter returns the record,
+-- the record to restore and the callback.  The callback's error is luv's
+-- (reported, and the process ends unless luv's flags say not to): an error
+-- of the after dispatch is raised only when the callback returned.
+local function cb_enter(rec)
+  local prev = cur
+  rec.f = rec.f0
+  cur = rec
+  if n_before > 0 and rec.id ~= 0 then
+    local failed, e = emit_before(rec.id)
+    if failed then -- the callback does not run
+      invoke_end(rec, prev, rec.once, true)
+      raise(e)
+    end
+  end
+  return rec, prev, rec.cb
+end
+
+local function cb_leave(rec, prev, ok)
+  local failed, first = false, nil
+  if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
+  cur = prev
+  if rec.once then end_reg(rec) end
+  if mark.queued then
+    local f, e = flush_pending()
+    if f and not failed then failed, first = f, e end
+  end
+  if failed and ok then raise(first) end
+end
+
+-- the function luv gets where it takes only a function -> its record
+-- (for the helper)
+local fnrec = persist.fnrec or setmetatable({}, WEAKK)
+persist.fnrec = fnrec
+
 -- the callback luv gets for rec: the record, or a function where luv
 -- takes only a function
 local function callback(rec, cb, once, fn)
   rec.cb, rec.once = cb, once
-  if fn then return function(...) return call_reg(rec, ...) end end
+  if fn then
+    local w = function(...) return call_reg(rec, ...) end
+    if luvcb then fnrec[w] = rec end
+    return w
+  end
   return rec
 end
 
@@ -852,6 +921,12 @@ end
 
 B.luv_covered = specs.names()
 
+-- what uv.run does first (the helper's uv.run calls it)
+local function run_flush()
+  local f, e = flush_pending()
+  if f then raise(e) end
+end
+
 local function attach(uv)
   local state = persist.luv
   if state and state.uvs[uv] then return end
@@ -892,7 +967,10 @@ local function attach(uv)
   if type(run) == "function" and not made[run] then
     local w = wrappers[run]
     if not w then
-      w = function(...)
+      -- (with the helper, a C function that calls luv's: no frame of its
+      -- own in the tracebacks of the callbacks it runs)
+      w = luvcb and luvcb.run(run, run_flush)
+      w = w or function(...)
         local f, e = flush_pending()
         if f then raise(e) end
         return run(...)
@@ -927,6 +1005,9 @@ local function attach(uv)
   end
   state.uvs[uv] = true
   persist.luv = state
+  -- (when luv's context is not one it knows, the helper stays out: the
+  -- records' __call does the work)
+  if luvcb then luvcb.attach(cb_enter, cb_leave, REGMT, fnrec) end
 end
 
 local function detach()
@@ -942,6 +1023,7 @@ local function detach()
   -- weak key does not free a value that refers to it before Lua 5.2's
   -- ephemerons, and not on LuaJIT); their destroys are not emitted
   for h in pairs(hregs) do hregs[h] = nil end
+  if luvcb then luvcb.detach() end
 end
 
 ---------------------------------------------------------------------------
