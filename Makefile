@@ -72,14 +72,19 @@ PURELUA_CPATH   = LUA_CPATH="$(CURDIR)/build/purelua/$$($$l -e 'io.write((_VERSI
 .PHONY: purelua-helper
 purelua-helper: $(foreach v,$(PURELUA_ABIS),$(call PURELUA_HELPER,$(v)))
 
+# (an ABI without headers is skipped with the reason: its runtimes run
+# without the helper)
 build/purelua/%/async_hooks/luvcb.so: src/purelua/cbpcall.c
-	@if [ ! -f /usr/include/lua$*/lua.h ]; then echo "purelua-helper: no /usr/include/lua$*/lua.h (Debian: liblua$*-dev)"; exit 1; fi
-	mkdir -p $(dir $@)
-	gcc $(PURELUA_CFLAGS) $$([ -f /usr/include/lua$*/luv/luv.h ] && echo -DLUVCB_CHECK_LUV_H) \
-	  -I/usr/include/lua$* -shared $< -o $@
+	@if [ ! -f /usr/include/lua$*/lua.h ]; then \
+	  echo "purelua-helper: $* skipped: no /usr/include/lua$*/lua.h (Debian: liblua$*-dev)"; exit 0; fi; \
+	mkdir -p $(dir $@); \
+	cmd="gcc $(PURELUA_CFLAGS) $$([ -f /usr/include/lua$*/luv/luv.h ] && echo -DLUVCB_CHECK_LUV_H) \
+	  -I/usr/include/lua$* -shared $< -o $@"; \
+	echo $$cmd; $$cmd
 
-# Each runtime with the helper (ASYNC_HOOKS_LUVCB=1: it must load), then
-# those of PURELUA_NOHELPER without it (=0: the pure-Lua path alone).
+# Each runtime with the helper (ASYNC_HOOKS_LUVCB=1: it must load; without
+# it where it is not built), then those of PURELUA_NOHELPER without it (=0:
+# the pure-Lua path alone).
 PURELUA_NOHELPER ?= luajit lua5.1
 .PHONY: test-purelua
 test-purelua: purelua-helper
@@ -90,6 +95,8 @@ test-purelua: purelua-helper
 	    echo "test-purelua: $$l skipped: no luv for it (Debian: lua-luv)"; continue; fi; \
 	  if ! $(PURELUA_ENV) $$l -e 'require("busted.runner")' >/dev/null 2>&1; then \
 	    echo "test-purelua: $$l skipped: no busted for it (Debian: lua-busted)"; continue; fi; \
+	  if [ $$helper = 1 ] && ! $(PURELUA_ENV) $(PURELUA_CPATH) $$l -e 'require("async_hooks.luvcb")' >/dev/null 2>&1; then \
+	    echo "test-purelua: $$l: the C helper is not built (see purelua-helper): without it"; helper=0; fi; \
 	  if [ $$helper = 1 ]; then echo "== $$l, with the C helper"; else echo "== $$l, pure Lua"; fi; \
 	  $(PURELUA_ENV) $(PURELUA_CPATH) ASYNC_HOOKS_LUVCB=$$helper \
 	    $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
@@ -99,21 +106,23 @@ test-purelua: purelua-helper
 # interpreter of PURELUA_LUAS (the pure-Lua backend), then Lua 5.4 (the C
 # core); BENCH_ARGS: the number of rounds
 .PHONY: bench-purelua bench-purelua-instr
-bench-purelua: build
+bench-purelua: build purelua-helper
 	@for l in $(PURELUA_LUAS); do \
 	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua: $$l skipped: not installed"; continue; fi; \
-	  $(PURELUA_ENV) $$l bench/runtimes.lua $(BENCH_ARGS); \
+	  $(PURELUA_ENV) $(PURELUA_CPATH) $$l bench/runtimes.lua $(BENCH_ARGS); \
 	done
 	$(call PATHS,$(TREE)) && $(LUA) bench/runtimes.lua $(BENCH_ARGS)
 
 # The operation rows of `make bench-instr` (callgrind) with their cases run
 # by each interpreter of PURELUA_LUAS (bench/cg_case.lua, the pure-Lua
 # backend); the driver and its targets are the C core's
-bench-purelua-instr:
+# (with the C helper; ASYNC_HOOKS_LUVCB=0 on the command line: without)
+bench-purelua-instr: purelua-helper
 	@for l in $(PURELUA_LUAS); do \
 	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua-instr: $$l skipped: not installed"; continue; fi; \
 	  echo "== $$l"; \
-	  $(PURELUA_ENV) BENCH_CASE_LUA=$$l BENCH_INFO=0 BENCH_ONLY='^[tsgml]' $(LUA) bench/run.lua instr; \
+	  $(PURELUA_ENV) $(PURELUA_CPATH) BENCH_CASE_LUA=$$l BENCH_INFO=0 BENCH_ONLY='$(or $(BENCH_ONLY),^[tsgml])' \
+	    $(LUA) bench/run.lua instr; \
 	done
 
 asanbuild: deps
