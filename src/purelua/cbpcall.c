@@ -74,6 +74,8 @@ typedef struct {
   luv_ctx *ctx;      /* luv's context (NULL: never attached) */
   luv_pcall_fn orig; /* luv's cb_pcall, found in ctx when attached */
   int attached;      /* 0: every callback goes to orig untouched */
+  int in_chain;      /* ctx's cb_pcall calls this one (directly, or a
+                     ** function put in front of it later does) */
   int flags;         /* added to every callback's flags (tests) */
 } hstate;
 
@@ -235,11 +237,14 @@ static int l_attach(lua_State *L) {
     lua_pushvalue(L, i);
     lua_rawseti(L, -2, T_ENTER + i - 1);
   }
-  if (st->ctx != ctx || ctx->cb_pcall != cb_pcall) {
+  /* (still in the chain behind a cb_pcall put in front later: that one
+  ** calls this one, which must not chain to it in turn) */
+  if (st->ctx != ctx || !st->in_chain) {
     st->ctx = ctx;
     st->orig = ctx->cb_pcall;
     if (fallback == NULL) fallback = st->orig;
     ctx->cb_pcall = cb_pcall;
+    st->in_chain = 1;
   }
   st->attached = 1;
   lua_pushboolean(L, 1);
@@ -247,20 +252,24 @@ static int l_attach(lua_State *L) {
 }
 
 /* detach(): luv's cb_pcall back (when it is still ours in luv's context;
-** otherwise something took it after us and calls ours: it passes every
-** callback on untouched) */
+** otherwise something put its own in front of ours later and calls ours,
+** which then passes every callback on untouched, and a later attach()
+** takes them again without chaining to it) */
 static int l_detach(lua_State *L) {
   hstate *st = get_state(L);
   if (st == NULL || !st->attached) return 0;
   st->attached = 0;
-  if (st->ctx->cb_pcall == cb_pcall) st->ctx->cb_pcall = st->orig;
+  if (st->ctx->cb_pcall == cb_pcall) {
+    st->ctx->cb_pcall = st->orig;
+    st->in_chain = 0;
+  }
   return 0;
 }
 
-/* attached(): whether luv's context calls this helper's cb_pcall now */
+/* attached(): whether this helper takes the backend's callbacks now */
 static int l_attached(lua_State *L) {
   hstate *st = get_state(L);
-  lua_pushboolean(L, st != NULL && st->ctx->cb_pcall == cb_pcall);
+  lua_pushboolean(L, st != NULL && st->attached && st->in_chain);
   return 1;
 }
 
@@ -335,7 +344,10 @@ static int l_wrap(lua_State *L) {
 ** luv's own finalizers do not call this library once it is unloaded */
 static int l_gc(lua_State *L) {
   hstate *st = (hstate *)lua_touserdata(L, 1);
-  if (st->ctx != NULL && st->ctx->cb_pcall == cb_pcall) st->ctx->cb_pcall = st->orig;
+  if (st->ctx != NULL && st->ctx->cb_pcall == cb_pcall) {
+    st->ctx->cb_pcall = st->orig;
+    st->in_chain = 0;
+  }
   st->attached = 0;
   return 0;
 }

@@ -239,6 +239,96 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
     ]], { "true", "first", "second", "false" })
   end)
 
+  it("an error of enter or leave is luv's to report; leave runs after the callback's error", function()
+    if not need_helper() then return end
+    -- (a record of a metatable of the test's own, and enter and leave that
+    -- fail where told to; luv's no-exit flag keeps the process going)
+    local program = [[
+      local uv = require("luv")
+      local cb = require("async_hooks.luvcb")
+      local MT = { __call = function() print("__call: not expected") end }
+      local mode = %q
+      local function enter(rec)
+        if mode == "enter" then error("enter fails") end
+        return rec, "prev", function(...)
+          print("callback", select("#", ...))
+          if mode == "callback" then error("callback fails") end
+        end
+      end
+      local function leave(_, prev, ok)
+        print("leave", prev, ok)
+        if mode == "leave" then error("leave fails") end
+      end
+      assert(cb.attach(enter, leave, MT, {}))
+      cb.flags(1)
+      local t = uv.new_timer()
+      t:start(1, 0, setmetatable({}, MT))
+      uv.run("once")
+      t:close()
+      uv.run()
+      print("end")
+    ]]
+    for mode, want in pairs {
+      enter = { "end" },
+      leave = { "callback\t0", "leave\tprev\ttrue", "end" },
+      callback = { "callback\t0", "leave\tprev\tfalse", "end" },
+      none = { "callback\t0", "leave\tprev\ttrue", "end" },
+    } do
+      local status, out, err = H.run_lua(program:format(mode))
+      assert.equal(0, status)
+      assert.equal(table.concat(want, "\n") .. "\n", out)
+      if mode == "none" then
+        assert.equal("", err)
+      else
+        assert.matches("^Uncaught Error: [^\n]*: " .. mode .. " fails\n", err)
+      end
+    end
+  end)
+
+  it("uninstall() and install() again behind a cb_pcall put in front of the helper's later", function()
+    if not need_helper() then return end
+    -- (a second copy of the helper's library, loaded from another file, is
+    -- a separate module with its own state: it chains to the first one)
+    local file
+    for template in package.cpath:gmatch("[^;]+") do
+      local path = template:gsub("%?", "async_hooks/luvcb")
+      local f = io.open(path, "rb")
+      if f then
+        file = f:read("*a")
+        f:close()
+        break
+      end
+    end
+    assert(file, "the helper's file is not on package.cpath")
+    local copy = os.tmpname() .. ".so"
+    local f = assert(io.open(copy, "wb"))
+    f:write(file)
+    f:close()
+    local status, out, err = H.run_lua(([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local other = assert(package.loadlib(%q, "luaopen_async_hooks_luvcb"))()
+      local function f() end
+      assert(other.attach(f, f, {}, {}))
+      local v = ah.AsyncLocal.new()
+      local function tick(what)
+        local t = uv.new_timer()
+        v:run(what, function() t:start(1, 0, function() print(v:get()); t:close() end) end)
+        uv.run()
+      end
+      tick("behind")
+      ah.uninstall()
+      ah.install()
+      tick("again")
+      other.detach()
+      tick("alone")
+    ]]):format(copy))
+    os.remove(copy)
+    assert.equal("", err)
+    assert.equal(0, status)
+    assert.equal("behind\nagain\nalone\n", out)
+  end)
+
   it("stays out when registry.luv_context is not luv's context", function()
     if not need_helper() then return end
     H.lua_ok([[
