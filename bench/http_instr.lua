@@ -35,7 +35,7 @@ local read_file = U.read_file
 M.BUILD = "build/bench"
 
 --- build bench/<name>.c into M.BUILD; false without a compiler or headers
-local function build(name)
+function M.build(name)
   return os.execute(("mkdir -p %s && gcc -std=c99 -O2 -shared -fPIC $(./.ci/lua-flags --cflags) bench/%s.c -o %s/%s.so 2>/dev/null")
     :format(M.BUILD, name, M.BUILD, name))
 end
@@ -114,7 +114,7 @@ end
 -- bare; nil when the helper cannot be built (no compiler or headers)
 function M.hook_call_floor()
   local dir = M.BUILD
-  if not build("hookcall") then return nil end
+  if not M.build("hookcall") then return nil end
   local function count(mode, n)
     local p = io.popen(("LUA_CPATH='%s/?.so' valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/hookcall.lua %s %d 2>&1")
       :format(dir, U.LUA, mode, n))
@@ -133,7 +133,7 @@ local function plus(x) return (x >= 0 and "+" or "") .. k(x) end
 function M.run()
   U.header(("instructions per HTTP request (callgrind; (count(%d) - count(%d)) / %d requests, %d connections,"
     .. " median of %d)"):format(N2, N1, N2 - N1, CONNS, REPEAT))
-  local pt_built = build("passthrough")
+  local pt_built = M.build("passthrough")
   local per = M.measure { "none", "asynclocal", "counting", "pieces", pt_built and "passthrough" or nil }
   local none, als, cnt, pcs, pt = per.none, per.asynclocal, per.counting, per.pieces, per.passthrough
   print("| per request | instructions | added | range of the measurements | target |")
