@@ -65,8 +65,9 @@ if ctx == "pieces" or ctx == "passthrough" then
         end
       end
     end
-    coroutine.create = pt.wrapco(coroutine.create)
-    coroutine.wrap = pt.wrapco(coroutine.wrap)
+    -- (as install() does: the standard library's table is patched)
+    coroutine.create = pt.wrapco(coroutine.create) -- luacheck: ignore 122
+    coroutine.wrap = pt.wrapco(coroutine.wrap) -- luacheck: ignore 122
   end
 elseif ctx ~= "none" then
   ah = require("async_hooks").install()
