@@ -86,13 +86,10 @@ bench-purelua: build
 
 # The operation rows of `make bench-instr` (callgrind) with their cases run
 # by each interpreter of PURELUA_LUAS (bench/cg_case.lua, the pure-Lua
-# backend); the driver and its targets are the C core's
-bench-purelua-instr:
-	@for l in $(PURELUA_LUAS); do \
-	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua-instr: $$l skipped: not installed"; continue; fi; \
-	  echo "== $$l"; \
-	  $(PURELUA_ENV) BENCH_CASE_LUA=$$l BENCH_INFO=0 BENCH_ONLY='^[tsgml]' $(LUA) bench/run.lua instr; \
-	done
+# backend) next to the C core's, LuaJIT's against 2x the C core's ratios
+# (also a part of `make bench`)
+bench-purelua-instr: build
+	$(call PATHS,$(TREE)) && BENCH_PURELUA="$(PURELUA_LUAS)" $(LUA) bench/run.lua purelua
 
 asanbuild: deps
 	rm -rf build.luarocks
