@@ -280,7 +280,10 @@ local function leave_scope(rec, id, scope, sid, strig, sres, sframe, ok, ...)
     for i = #sc, 1, -1 do
       if sc[i] == scope then table.remove(sc, i); break end
     end
-    if sc[1] == nil then rec.sc = nil end -- (none open: resumes take the quick path again)
+    if sc[1] == nil then -- (none open: resumes take the quick path again)
+      rec.sc = nil
+      rec.q = rec.tok == nil
+    end
   end
   rec.id, rec.trig, rec.res, rec.f = sid, strig, sres, sframe
   if rec == TOP then
@@ -306,6 +309,7 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
     if sc == nil then
       sc = {}
       rec.sc = sc
+      rec.q = false
     end
     sc[#sc + 1] = scope
   elseif rec == TOP then
@@ -328,10 +332,15 @@ local function adopt(co)
   local parent = cur
   local id = next_id
   next_id = id + 1
-  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
+  -- q: no scope open in it and no destroy due (sc and tok nil), read by
+  -- each resume as one field that is always there
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id, q = true }
   recs[co] = rec
   if n_init + n_destroy > 0 then
-    if n_destroy > 0 then rec.tok = gc_token(id) end
+    if n_destroy > 0 then
+      rec.tok = gc_token(id)
+      rec.q = false
+    end
     if n_init > 0 then
       local res = nil
       if init_sees then
@@ -478,7 +487,7 @@ end
 -- record back, unless the slice needs more (a hook enabled in it, a scope
 -- it opened, its destroy: when it ran, as nothing else enables hooks)
 local function quick_end(co, rec, prev, ...)
-  if n_after > 0 or rec.sc ~= nil or rec.tok ~= nil then
+  if n_after > 0 or not rec.q then
     local failed, e = resume_end(co, rec, prev)
     if failed then raise(e) end
   else
