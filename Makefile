@@ -115,15 +115,11 @@ bench-purelua: build purelua-helper
 
 # The operation rows of `make bench-instr` (callgrind) with their cases run
 # by each interpreter of PURELUA_LUAS (bench/cg_case.lua, the pure-Lua
-# backend); the driver and its targets are the C core's
-# (with the C helper; ASYNC_HOOKS_LUVCB=0 on the command line: without)
-bench-purelua-instr: purelua-helper
-	@for l in $(PURELUA_LUAS); do \
-	  if ! command -v $$l >/dev/null 2>&1; then echo "bench-purelua-instr: $$l skipped: not installed"; continue; fi; \
-	  echo "== $$l"; \
-	  $(PURELUA_ENV) $(PURELUA_CPATH) BENCH_CASE_LUA=$$l BENCH_INFO=0 BENCH_ONLY='$(or $(BENCH_ONLY),^[tsgml])' \
-	    $(LUA) bench/run.lua instr; \
-	done
+# backend) next to the C core's, LuaJIT's against 2x the C core's ratios
+# (also a part of `make bench`; with the C helper where it is built,
+# ASYNC_HOOKS_LUVCB=0 on the command line: without)
+bench-purelua-instr: build purelua-helper
+	$(call PATHS,$(TREE)) && BENCH_PURELUA="$(PURELUA_LUAS)" $(LUA) bench/run.lua purelua
 
 asanbuild: deps
 	rm -rf build.luarocks
@@ -167,7 +163,7 @@ demo: build
 	$(call PATHS,$(TREE)) && $(LUA) examples/demo.lua
 
 # the benchmark table (instructions, memory, HTTP), each row with its target
-bench: build
+bench: build purelua-helper
 	$(call PATHS,$(TREE)) && $(LUA) bench/run.lua $(BENCH_ARGS)
 
 # HTML reference (LDoc, Debian's lua-ldoc) in build/docs/index.html.  LDoc

@@ -119,6 +119,7 @@ local PAIRS = {
   { key = "als", lua = "lua asynclocal", node = "node als", what = "AsyncLocal" },
   { key = "counting", lua = "lua counting", node = "node counting", what = "AsyncLocal + 4 counting hooks" },
   { key = "hooks", lua = "lua hooks", node = "node hooks", what = "4 empty hooks" },
+  { key = "passthrough", lua = "lua passthrough", what = "no library: the physical pieces under a bare interposer" },
 }
 
 function M.run()
@@ -130,6 +131,12 @@ function M.run()
   for _, ctx in ipairs(LUA_CTX) do
     configs[#configs + 1] = { name = "lua " .. ctx, ctx = ctx,
       cmd = ("%s bench/http_server.lua coroutines %s %d"):format(U.LUA, ctx, TIMER_MS) }
+  end
+  local hi = require("http_instr")
+  if hi.build("passthrough") then -- the floor of any interposer (no target)
+    configs[#configs + 1] = { name = "lua passthrough", ctx = "passthrough",
+      cmd = ("env LUA_CPATH=\"%s/?.so;$LUA_CPATH\" %s bench/http_server.lua coroutines passthrough %d")
+        :format(hi.BUILD, U.LUA, TIMER_MS) }
   end
   local node = have("node")
   if node then
@@ -149,8 +156,8 @@ function M.run()
     local head = { "round" }
     for _, c in ipairs(configs) do head[#head + 1] = c.name end
     for _, p in ipairs(PAIRS) do
-      head[#head + 1] = p.lua .. "/none"
-      if node then head[#head + 1] = p.node .. "/none" end
+      if by[p.lua] then head[#head + 1] = p.lua .. "/none" end
+      if node and p.node then head[#head + 1] = p.node .. "/none" end
     end
     print("| " .. table.concat(head, " | ") .. " |")
     print("|" .. ("---|"):rep(#head))
@@ -176,8 +183,8 @@ function M.run()
       local cells = { tostring(r) }
       for _, c in ipairs(configs) do cells[#cells + 1] = ("%.0f"):format(rps[c.name]) end
       for _, p in ipairs(PAIRS) do
-        cells[#cells + 1] = pair(p.lua, "lua none")
-        if node then cells[#cells + 1] = pair(p.node, "node none") end
+        if by[p.lua] then cells[#cells + 1] = pair(p.lua, "lua none") end
+        if node and p.node then cells[#cells + 1] = pair(p.node, "node none") end
       end
       print("| " .. table.concat(cells, " | ") .. " |")
     end
@@ -211,8 +218,12 @@ function M.run()
   print("  medians of the paired figures (tracked / none; added time per request over none):")
   local figs = {}
   for _, p in ipairs(PAIRS) do
-    figs[p.key] = { lua = fig(p.lua), node = node and fig(p.node) or {} }
-    print(("  - %s: Lua %s; Node %s"):format(p.what, cell(figs[p.key].lua), cell(figs[p.key].node)))
+    figs[p.key] = { lua = fig(p.lua), node = node and p.node and fig(p.node) or {} }
+    if p.node then
+      print(("  - %s: Lua %s; Node %s"):format(p.what, cell(figs[p.key].lua), cell(figs[p.key].node)))
+    else
+      print(("  - %s: Lua %s"):format(p.what, cell(figs[p.key].lua)))
+    end
   end
   -- how precise the paired ratios are: their geometric mean and its
   -- standard error over the rounds

@@ -31,12 +31,22 @@ M.TARGET_HOOKS = 9000 -- four counting hooks over the AsyncLocal
 
 local read_file = U.read_file
 
+--- where the bench's own C helpers are built
+M.BUILD = "build/bench"
+
+--- build bench/<name>.c into M.BUILD; false without a compiler or headers
+function M.build(name)
+  return os.execute(("mkdir -p %s && gcc -std=c99 -O2 -shared -fPIC $(./.ci/lua-flags --cflags) bench/%s.c -o %s/%s.so 2>/dev/null")
+    :format(M.BUILD, name, M.BUILD, name))
+end
+
 --- start one callgrind run of the server for `count` requests; returns a
 -- job to finish with `finish`
 local function start(ctx, count)
   local j = { ctx = ctx, count = count, out = os.tmpname() }
-  os.execute(("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/http_server.lua coroutines %s 0 %d"
-    .. " > %s 2>&1 &"):format(U.LUA, ctx, count, j.out))
+  local env = ctx == "passthrough" and ("LUA_CPATH='%s/?.so;'\"$LUA_CPATH\" "):format(M.BUILD) or ""
+  os.execute(("%svalgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/http_server.lua coroutines %s 0 %d"
+    .. " > %s 2>&1 &"):format(env, U.LUA, ctx, count, j.out))
   return j
 end
 
@@ -103,11 +113,8 @@ end
 -- one call from C into a Lua function that counts, protected ("each") and
 -- bare; nil when the helper cannot be built (no compiler or headers)
 function M.hook_call_floor()
-  local dir = "build/bench"
-  local so = dir .. "/hookcall.so"
-  local ok = os.execute(("mkdir -p %s && gcc -std=c99 -O2 -shared -fPIC $(./.ci/lua-flags --cflags) bench/hookcall.c -o %s 2>/dev/null")
-    :format(dir, so))
-  if not ok then return nil end
+  local dir = M.BUILD
+  if not M.build("hookcall") then return nil end
   local function count(mode, n)
     local p = io.popen(("LUA_CPATH='%s/?.so' valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/hookcall.lua %s %d 2>&1")
       :format(dir, U.LUA, mode, n))
@@ -126,8 +133,9 @@ local function plus(x) return (x >= 0 and "+" or "") .. k(x) end
 function M.run()
   U.header(("instructions per HTTP request (callgrind; (count(%d) - count(%d)) / %d requests, %d connections,"
     .. " median of %d)"):format(N2, N1, N2 - N1, CONNS, REPEAT))
-  local per = M.measure { "none", "asynclocal", "counting", "pieces" }
-  local none, als, cnt, pcs = per.none, per.asynclocal, per.counting, per.pieces
+  local pt_built = M.build("passthrough")
+  local per = M.measure { "none", "asynclocal", "counting", "pieces", pt_built and "passthrough" or nil }
+  local none, als, cnt, pcs, pt = per.none, per.asynclocal, per.counting, per.pieces, per.passthrough
   print("| per request | instructions | added | range of the measurements | target |")
   print("|---|---|---|---|---|")
   local function line(name, p, base, target)
@@ -139,9 +147,19 @@ function M.run()
   line(("the AsyncLocal + four counting hooks (over the AsyncLocal; %.1f events per request)"):format(cnt.events),
     cnt, als, ("<= +%s"):format(k(M.TARGET_HOOKS)))
   line("the physical pieces: a new weak frame per `set` and two calls, in pure Lua (over no library)", pcs, none)
+  if pt then
+    line("the same pieces under a bare interposer of luv and coroutines (bench/passthrough.c, over no library)", pt, none)
+  end
   local added, floor = als.ins - none.ins, pcs.ins - none.ins
   print(("  the AsyncLocal's distance to the physical pieces: %s per request (%.2fx of them)")
     :format(plus(added - floor), added / floor))
+  if pt then
+    print(("  interposing alone (a closure per registration, a C call around each callback, coroutine.create/wrap"
+      .. " through C; no context library): %s; the AsyncLocal's distance to pieces + interposing: %s per request")
+      :format(plus(pt.ins - pcs.ins), plus(als.ins - pt.ins)))
+  else
+    print("  (the bare interposer: not measured, bench/passthrough.c could not be built)")
+  end
   local hc = M.hook_call_floor()
   if hc then
     local hooks = cnt.ins - als.ins

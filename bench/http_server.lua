@@ -9,7 +9,9 @@
 -- counting (the AsyncLocal and four hooks that count their events) | hooks
 -- (four empty hooks) | pieces (no library: a pure-Lua stand-in for what no
 -- implementation can avoid, a new weak frame per `set` kept for the
--- request's life and the two calls) | resource (Node's async-resource
+-- request's life and the two calls) | passthrough (the pieces and, under
+-- them, bench/passthrough.c: what interposing on luv and coroutines costs
+-- through the public C API, without any library) | resource (Node's async-resource
 -- pattern) | destroy (Node's destroy pattern).
 -- The timer is 1 ms unless given.  With a count, the server stops
 -- listening after that many answers and returns once its clients have
@@ -24,7 +26,7 @@ local count = tonumber(arg[4])
 local uv = require("luv")
 local ah, getid, setid
 local events = function() return 0 end
-if ctx == "pieces" then
+if ctx == "pieces" or ctx == "passthrough" then
   -- the physical pieces without the library: set makes a new weak-keyed
   -- frame and keeps it for the coroutine's life (a weak-keyed table by
   -- thread, so nothing has to clear it); get finds it again.  Finding the
@@ -41,6 +43,32 @@ if ctx == "pieces" then
   end
   setid = function(id) sv:set(id) end
   getid = function() return sv:get() end
+  if ctx == "passthrough" then
+    -- and under them, the least interposing costs through the public C API
+    -- (bench/passthrough.c): every callback-taking luv function, and the
+    -- same C function as a handle method, hands luv a closure over the
+    -- callback and the current value; coroutine.create and wrap give the
+    -- new coroutine the current value
+    local pt = require("passthrough")
+    local wrapped = {}
+    for _, s in ipairs(require("async_hooks.luv_specs").SPECS) do
+      local f = uv[s[1]]
+      if f and s[4] ~= "work" then
+        wrapped[f] = pt.wrap(f, s[2])
+        uv[s[1]] = wrapped[f]
+      end
+    end
+    for name, mt in pairs(debug.getregistry()) do
+      if type(name) == "string" and name:match("^uv_") and type(mt) == "table" and type(mt.__index) == "table" then
+        for k, f in pairs(mt.__index) do
+          if wrapped[f] then mt.__index[k] = wrapped[f] end
+        end
+      end
+    end
+    -- (as install() does: the standard library's table is patched)
+    coroutine.create = pt.wrapco(coroutine.create) -- luacheck: ignore 122
+    coroutine.wrap = pt.wrapco(coroutine.wrap) -- luacheck: ignore 122
+  end
 elseif ctx ~= "none" then
   ah = require("async_hooks").install()
   if ctx == "asynclocal" or ctx == "counting" then

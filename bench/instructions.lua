@@ -83,15 +83,17 @@ local SIZE = { timer_chain = 10000, timer_new = 5000, idle_chain = 5000, switch 
 
 local function key(case, variant) return case .. "/" .. variant end
 
-local function command(case, variant, n)
-  return ("valgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/cg_case.lua %s %s %d 2>&1")
-    :format(U.LUA, case, variant, n)
+-- lua: the interpreter that runs the cases (default U.LUA); env: a
+-- prefix of the command (environment settings)
+local function command(case, variant, n, lua, env)
+  return ("%svalgrind --tool=callgrind --callgrind-out-file=/dev/null %s bench/cg_case.lua %s %s %d 2>&1")
+    :format(env or "", lua or U.LUA, case, variant, n)
 end
 
 --- Run the listed {case, variant} pairs (two sizes each, REPEAT times),
 -- JOBS at a time; returns instructions per operation keyed by
 -- "case/variant" (the median of the REPEAT measurements).
-local function measure(pairs_)
+local function measure(pairs_, lua, env)
   local jobs = {}
   for rep = 1, REPEAT do
     for _, p in ipairs(pairs_) do
@@ -101,7 +103,7 @@ local function measure(pairs_)
     end
   end
   local counts = {}
-  U.in_batches(jobs, JOBS, function(j) return io.popen(command(j.p[1], j.p[2], j.size)) end, function(j, h)
+  U.in_batches(jobs, JOBS, function(j) return io.popen(command(j.p[1], j.p[2], j.size, lua, env)) end, function(j, h)
     local out = h:read("a")
     h:close()
     local c = tonumber(out:match("Collected : (%d+)"))
@@ -161,6 +163,71 @@ function M.run(info)
           out[#out + 1] = { path = row[1], value = ("%.3fx"):format(ratio), target = target, ok = ok }
         end
       end
+    end
+  end
+  return out
+end
+
+--- The other runtimes: the rows of M.ROWS with their cases run by each
+-- interpreter of BENCH_PURELUA (default "luajit lua5.1 lua5.2 lua5.3"),
+-- with the pure-Lua backend (lua/ as it is), against the raw runtime,
+-- next to the C core's ratios measured here too.  LuaJIT's target is 2x
+-- the C core's ratio; PUC Lua's figures are stated without one.  An
+-- interpreter without luv is skipped, with the reason.
+function M.purelua()
+  local luas = os.getenv("BENCH_PURELUA") or "luajit lua5.1 lua5.2 lua5.3"
+  local env = ("env -u LUA_CPATH -u LUA_PATH_5_2 -u LUA_CPATH_5_2 -u LUA_PATH_5_3 -u LUA_CPATH_5_3"
+    .. " LUA_PATH='%s/lua/?.lua;%s/lua/?/init.lua;;' "):format(os.getenv("PWD"), os.getenv("PWD"))
+  local want = {}
+  for _, row in ipairs(M.ROWS) do
+    want[#want + 1] = { row[2], row[3] }
+    want[#want + 1] = { row[4], row[5] }
+  end
+  local core = measure(want)
+  local cols, per = {}, {}
+  for l in luas:gmatch("%S+") do
+    local ok = os.execute(("%s%s -e 'require(\"luv\")' >/dev/null 2>&1"):format(env, l))
+    if ok == true or ok == 0 then
+      cols[#cols + 1] = l
+      -- the C helper of `make purelua-helper` for this runtime's ABI, where
+      -- built (ASYNC_HOOKS_LUVCB=0 in the environment: without it)
+      local p = io.popen(l .. [[ -e 'io.write((_VERSION:gsub("Lua ", "")))']])
+      local abi = p:read("*a")
+      p:close()
+      local lenv = ("%sLUA_CPATH='%s/build/purelua/%s/?.so;;' "):format(env, os.getenv("PWD"), abi)
+      local h = os.execute(("%s%s -e 'assert(require(\"async_hooks.backend.luv_lua\").luvcb)' >/dev/null 2>&1")
+        :format(lenv, l))
+      print(("  (%s: %s)"):format(l, (h == true or h == 0) and "with the C helper" or "pure Lua, no C helper"))
+      per[l] = measure(want, l, lenv)
+    else
+      print(("  (%s skipped: not installed, or no luv for it)"):format(l))
+    end
+  end
+  U.header("instructions per operation on the other runtimes (the pure-Lua backend vs the raw runtime;"
+    .. " callgrind, (count(n+1) - count(1)) / n)")
+  local head = { "path" }
+  for _, l in ipairs(cols) do head[#head + 1] = l end
+  head[#head + 1] = "C core (5.4)"
+  head[#head + 1] = "LuaJIT target"
+  print("| " .. table.concat(head, " | ") .. " |")
+  print("|" .. ("---|"):rep(#head))
+  local out = {}
+  for _, row in ipairs(M.ROWS) do
+    local function ratio(p) return p[key(row[2], row[3])].ins / p[key(row[4], row[5])].ins end
+    local c = ratio(core)
+    local cells = { row[1] }
+    for _, l in ipairs(cols) do
+      local p = per[l]
+      cells[#cells + 1] = ("%.2fx (%.0f vs %.0f)"):format(ratio(p), p[key(row[2], row[3])].ins,
+        p[key(row[4], row[5])].ins)
+    end
+    cells[#cells + 1] = ("%.2fx"):format(c)
+    cells[#cells + 1] = ("<= %.2fx"):format(2 * c)
+    print("| " .. table.concat(cells, " | ") .. " |")
+    if per.luajit then
+      local r = ratio(per.luajit)
+      out[#out + 1] = { path = "LuaJIT, pure-Lua backend: " .. row[1], value = ("%.3fx"):format(r),
+        target = ("<= %.2fx (2x the C core's %.3fx)"):format(2 * c, c), ok = r <= 2 * c }
     end
   end
   return out

@@ -6,6 +6,8 @@
 --   lua5.4 bench/run.lua httpinstr       instructions per HTTP request (fixed-count
 --                                        client; AsyncLocal, counting hooks, and the
 --                                        physical pieces)
+--   lua5.4 bench/run.lua purelua         the operation rows on LuaJIT and Lua 5.1-5.3
+--                                        (the pure-Lua backend; BENCH_PURELUA: which)
 --   lua5.4 bench/run.lua micro      also: the older wall-clock benchmarks
 --                                   (micro, callbacks) by name
 -- Knobs: BENCH_SCALE (sizes), BENCH_JOBS (parallel callgrind runs),
@@ -17,7 +19,9 @@ local U = require("util")
 
 local parts = {}
 for i = 1, #arg do parts[arg[i]] = true end
-if next(parts) == nil then parts = { instr = true, memory = true, http = true, httpinstr = true } end
+if next(parts) == nil then
+  parts = { instr = true, memory = true, http = true, httpinstr = true, purelua = true }
+end
 local info = os.getenv("BENCH_INFO") ~= "0"
 
 print(("# async_hooks benchmarks (%s, luv %s, scale %g, %s UTC)"):format(
@@ -39,6 +43,7 @@ part("instr", function() return require("instructions").run(info) end)
 part("memory", function() return require("memory").run() end)
 part("http", function() return require("http").run() end)
 part("httpinstr", function() return require("http_instr").run() end)
+part("purelua", function() return require("instructions").purelua() end)
 for _, legacy in ipairs { "micro", "callbacks" } do
   part(legacy, function() require(legacy); return {} end)
 end

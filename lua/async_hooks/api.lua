@@ -859,7 +859,9 @@ return function(B)
   -- functions (@{luv_covered}), the `__index` of its metatables and `uv.run`;
   -- cqueues (loaded or required later): its controller methods `wrap` and
   -- `step`.  Inside OpenResty: `coroutine.create`, `wrap` and `yield`, `ngx.thread`
-  -- and `ngx.timer`.  `uninstall()` puts every original back.  Idempotent.
+  -- and `ngx.timer`.  Below Lua 5.4 (the pure-Lua backend): coroutines and
+  -- luv the same way, and in Neovim `vim.schedule` (which `vim.defer_fn`
+  -- calls).  `uninstall()` puts every original back.  Idempotent.
   -- Checks everything before it patches anything.
   -- `opts.debug` turns on debug mode, which reports where context is lost
   -- silently (a coroutine the library did not create reads a value, a luv

@@ -7,7 +7,8 @@
 -- Where the context lives: `cur` is the record of what runs now: the main
 -- thread's (`TOP`), a library coroutine's, or a luv callback's.  Every
 -- place where the running code changes goes through this file (the
--- library's `resume` and wrapped functions, the luv callback wrappers), and
+-- library's `resume` and wrapped functions, the luv callback wrappers,
+-- Neovim's `vim.schedule`), and
 -- each sets `cur` on entry and puts the previous record back on exit, so a
 -- `get` is one table read, with no `coroutine.running()` (which LuaJIT does
 -- not compile).  A record: `f` its frame, `id` and `trig` its ids, `res`
@@ -295,7 +296,10 @@ local function leave_scope(rec, id, scope, sid, strig, sres, sframe, ok, ...)
     for i = #sc, 1, -1 do
       if sc[i] == scope then table.remove(sc, i); break end
     end
-    if sc[1] == nil then rec.sc = nil end -- (none open: resumes take the quick path again)
+    if sc[1] == nil then -- (none open: resumes take the quick path again)
+      rec.sc = nil
+      rec.q = rec.tok == nil
+    end
   end
   rec.id, rec.trig, rec.res, rec.f = sid, strig, sres, sframe
   if rec == TOP then
@@ -321,6 +325,7 @@ function B.run_in_scope(id, trigger, resource, frame, fn, ...)
     if sc == nil then
       sc = {}
       rec.sc = sc
+      rec.q = false
     end
     sc[#sc + 1] = scope
   elseif rec == TOP then
@@ -343,10 +348,15 @@ local function adopt(co)
   local parent = cur
   local id = next_id
   next_id = id + 1
-  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id }
+  -- q: no scope open in it and no destroy due (sc and tok nil), read by
+  -- each resume as one field that is always there
+  local rec = { f = parent.f, id = id, trig = parent.id, own = id, otrig = parent.id, q = true }
   recs[co] = rec
   if n_init + n_destroy > 0 then
-    if n_destroy > 0 then rec.tok = gc_token(id) end
+    if n_destroy > 0 then
+      rec.tok = gc_token(id)
+      rec.q = false
+    end
     if n_init > 0 then
       local res = nil
       if init_sees then
@@ -493,7 +503,7 @@ end
 -- record back, unless the slice needs more (a hook enabled in it, a scope
 -- it opened, its destroy: when it ran, as nothing else enables hooks)
 local function quick_end(co, rec, prev, ...)
-  if n_after > 0 or rec.sc ~= nil or rec.tok ~= nil then
+  if n_after > 0 or not rec.q then
     local failed, e = resume_end(co, rec, prev)
     if failed then raise(e) end
   else
@@ -1027,6 +1037,60 @@ local function detach()
 end
 
 ---------------------------------------------------------------------------
+-- Neovim's vim.schedule
+---------------------------------------------------------------------------
+
+-- Each vim.schedule(fn) is a one-shot registration, as a luv request: made
+-- in the caller's context (its frame; its id the trigger), fn called once
+-- in it, with before/after around the call and destroy after it; type and
+-- op "vim.schedule".  Neovim takes only a function there: it gets a
+-- closure of the record.  vim.defer_fn needs nothing of its own: it is a
+-- luv timer whose callback calls vim.schedule.
+local SCHEDULE = { "vim.schedule", 1, 0, specs.K_REQ, "vim.schedule", fn = true }
+
+local function make_schedule(orig)
+  return function(fn, ...)
+    -- (anything else: Neovim's own call, its own error)
+    if type(fn) ~= "function" then return orig(fn, ...) end
+    if not res_asked and cur.f == EMPTY and n_init + n_before + n_after + n_destroy == 0 then
+      -- Nothing can observe it: ids 0, no events (as an untracked luv
+      -- registration), in a record of its own all the same
+      local rec = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = SCHEDULE, cb = fn, once = false }, REGMT)
+      return orig(function(...) return call_reg(rec, ...) end, ...)
+    end
+    local rec = new_reg(SCHEDULE, nil)
+    local w = callback(rec, fn, true, true)
+    if rec.tok == nil then
+      orig(w, ...) -- (were it to raise: nothing registered to undo)
+    else
+      local ok, e = pcall(orig, w, ...)
+      if not ok then
+        unregistered(rec)
+        error(e, 0)
+      end
+    end
+    registered(rec)
+  end
+end
+
+-- vim.schedule replaced by the library's (the original kept to restore)
+local function attach_vim()
+  if persist.vim then return end
+  local vim = rawget(_G, "vim")
+  local orig = type(vim) == "table" and rawget(vim, "schedule")
+  if type(orig) ~= "function" then return end
+  vim.schedule = make_schedule(orig)
+  persist.vim = { vim = vim, orig = orig }
+end
+
+local function detach_vim()
+  local state = persist.vim
+  if not state then return end
+  state.vim.schedule = state.orig
+  persist.vim = nil
+end
+
+---------------------------------------------------------------------------
 -- install
 ---------------------------------------------------------------------------
 
@@ -1115,6 +1179,7 @@ function B.install(opts)
     for _, k in ipairs(PATCHED) do saved[k] = stdco[k]; stdco[k] = B.coroutine[k] end
     persist.coroutine = saved
   end
+  attach_vim()
 end
 
 --- Restore every patched function; remove what waits for luv.
@@ -1126,6 +1191,7 @@ function B.uninstall()
   end
   unpreload()
   detach()
+  detach_vim()
 end
 
 function B.installed()
