@@ -16,13 +16,17 @@ local function root()
 end
 
 -- The output of `body` run by a fresh headless nvim with the repository's
--- lua/ first on package.path.  The body sees `ah` (not installed yet), `uv`
+-- lua/ first on package.path, and the C helper for LuaJIT's ABI
+-- (build/purelua/5.1) first on package.cpath; ASYNC_HOOKS_LUVCB=0 reaches
+-- nvim, =1 does not (the helper is then optional: the runtime that runs
+-- the specs may have its own and 5.1's not be built).  The body sees `ah` (not installed yet), `uv`
 -- (vim.uv or vim.loop) and `done(s)`, which prints s and quits; an error
 -- in the body is printed as "error: ..."; the run is stopped after 20 s.
 local function nvim(body)
   local dir = root()
   local script = H.tmpfile(([[
     package.path = %q .. package.path
+    package.cpath = %q .. package.cpath
     local ah = require("async_hooks")
     local uv = vim.uv or vim.loop
     local function done(s)
@@ -30,14 +34,15 @@ local function nvim(body)
       vim.cmd("qa!")
     end
     local ok, e = pcall(function()
-  ]]):format(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;") .. body .. [[
+  ]]):format(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;", dir .. "/build/purelua/5.1/?.so;") .. body .. [[
 
     end)
     if not ok then done("error: " .. tostring(e)) end
   ]])
   -- (nvim runs without the sanitizer runtime an ASan run preloads: its
   -- own allocations are not this project's to check)
-  local p = io.popen("env -u LD_PRELOAD timeout 20 nvim --headless -u NONE -c 'luafile " .. script
+  local helper = os.getenv("ASYNC_HOOKS_LUVCB") == "0" and "" or " -u ASYNC_HOOKS_LUVCB"
+  local p = io.popen("env -u LD_PRELOAD -u LUA_CPATH -u LUA_CPATH_5_1" .. helper .. " timeout 20 nvim --headless -u NONE -c 'luafile " .. script
     .. "' 2>&1 </dev/null")
   local out = p:read("*a")
   p:close()
@@ -230,5 +235,33 @@ describe("Neovim's vim.schedule and vim.defer_fn (nvim --headless)", function()
       done(table.concat({ tostring(replaced), tostring(once), tostring(restored), tostring(again), seen }, " "))
     ]])
     assert.equal("true true true true waiting\n", out)
+  end)
+
+  it("an error in a vim.uv callback: Neovim prints what it prints without the library", function()
+    if NO_NVIM then pending(NO_NVIM); return end
+    -- (the same script with and without install(); with the C helper the
+    -- output is the same byte for byte, without it the message is and the
+    -- traceback starts at the library's rethrow)
+    local function run(install)
+      -- (each run's script has a name of its own)
+      return (nvim(install .. [[
+        local function fail(x) error("boom " .. x) end
+        local t = uv.new_timer()
+        t:start(1, 0, function() t:close(); fail(1) end)
+        vim.wait(200, function() return false end)
+        done("after " .. tostring(package.loaded["async_hooks.luvcb"] ~= nil))
+      ]]):gsub("/tmp/lua_%w+", "script"))
+    end
+    local without = run("")
+    local with = run("ah.install()")
+    local helper = with:match("after (%a+)\n$") == "true"
+    assert.matches("Error executing luv callback:\r?\n[^\n]*: boom 1\r?\nstack traceback:", without)
+    assert.matches("in function 'fail'", without)
+    if helper or os.getenv("ASYNC_HOOKS_LUVCB") == "1" then
+      assert.equal(without:gsub("after false", "after true"), with)
+    else
+      local head = "^(.-stack traceback:)"
+      assert.equal(without:match(head), with:match(head))
+    end
   end)
 end)
