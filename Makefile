@@ -25,7 +25,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test test-purelua purelua-helper asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
+.PHONY: all build test test-purelua purelua-helper rock-purelua asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
 
 all: build
 
@@ -100,6 +100,28 @@ test-purelua: purelua-helper
 	  if [ $$helper = 1 ]; then echo "== $$l, with the C helper"; else echo "== $$l, pure Lua"; fi; \
 	  $(PURELUA_ENV) $(PURELUA_CPATH) ASYNC_HOOKS_LUVCB=$$helper \
 	    $$l /usr/bin/busted --lua=$$l --run=purelua $(BUSTED_ARGS) || status=1; \
+	done; exit $$status
+
+# The rock of those runtimes (rockspec/async-hooks-purelua-scm-1.rockspec)
+# installed by LuaRocks for each Lua ABI into an empty tree, then loaded by
+# each runtime of that ABI from the tree alone: the helper loads, and a
+# luv timer carries a value.
+PURELUA_ROCKSPEC := rockspec/async-hooks-purelua-scm-1.rockspec
+.PHONY: rock-purelua
+rock-purelua:
+	@status=0; for run in luajit:5.1 lua5.1:5.1 lua5.2:5.2 lua5.3:5.3; do \
+	  l=$${run%:*}; v=$${run#*:}; tree=$(CURDIR)/build/rock-purelua/$$v; \
+	  if ! command -v $$l >/dev/null 2>&1; then echo "rock-purelua: $$l skipped: not installed"; continue; fi; \
+	  if [ ! -f /usr/include/lua$$v/lua.h ]; then \
+	    echo "rock-purelua: $$l skipped: no /usr/include/lua$$v/lua.h (Debian: liblua$$v-dev)"; continue; fi; \
+	  rm -rf $$tree; \
+	  luarocks --lua-version=$$v --tree $$tree make --deps-mode=none $(PURELUA_ROCKSPEC) >/dev/null 2>&1 \
+	    || { echo "rock-purelua: luarocks failed for $$v"; status=1; continue; }; \
+	  env -u LUA_PATH_5_2 -u LUA_CPATH_5_2 -u LUA_PATH_5_3 -u LUA_CPATH_5_3 \
+	    LUA_PATH="$$tree/share/lua/$$v/?.lua;$$tree/share/lua/$$v/?/init.lua;/usr/share/lua/$$v/?.lua" \
+	    LUA_CPATH="$$tree/lib/lua/$$v/?.so;/usr/lib/x86_64-linux-gnu/lua/$$v/?.so" ASYNC_HOOKS_LUVCB=1 \
+	    $$l spec/support/rock_check.lua $$l \
+	    || status=1; \
 	done; exit $$status
 
 # The wall-clock rows of docs/performance.md#other-lua-versions: each

@@ -42,7 +42,8 @@ local function nvim(body)
   -- (nvim runs without the sanitizer runtime an ASan run preloads: its
   -- own allocations are not this project's to check)
   local helper = os.getenv("ASYNC_HOOKS_LUVCB") == "0" and "" or " -u ASYNC_HOOKS_LUVCB"
-  local p = io.popen("env -u LD_PRELOAD -u LUA_CPATH -u LUA_CPATH_5_1" .. helper .. " timeout 20 nvim --headless -u NONE -c 'luafile " .. script
+  local p = io.popen("env -u LD_PRELOAD -u LUA_CPATH -u LUA_CPATH_5_1" .. helper
+    .. " timeout 20 nvim --headless -u NONE -c 'luafile " .. script
     .. "' 2>&1 </dev/null")
   local out = p:read("*a")
   p:close()
