@@ -25,7 +25,7 @@ ASAN_ENV := LD_PRELOAD="$(ASAN_RT)" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
             LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all build test test-purelua purelua-helper rock-purelua asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
+.PHONY: all build test test-purelua purelua-helper rock-purelua valgrind-purelua asan asanbuild gcstress valgrind soak faults demo bench bench-instr clean deps docs lint callgraph
 
 all: build
 
@@ -160,6 +160,19 @@ gcstress: build
 valgrind: build
 	$(call PATHS,$(TREE)) && AH_DIFF_PROGRAMS=150 AH_VALGRIND=1 valgrind -q --error-exitcode=99 \
 	  --suppressions=$(CURDIR)/.ci/valgrind.supp --leak-check=no $(BUSTED) --ignore-lua $(BUSTED_ARGS)
+
+# The C helper of the pure-Lua backend under valgrind memcheck (children
+# too: the traceback specs run their programs in fresh interpreters), on
+# Lua 5.3 and 5.1 (LuaJIT's ABI); no suppressions
+.PHONY: valgrind-purelua
+valgrind-purelua: purelua-helper
+	@status=0; for l in lua5.3 lua5.1; do \
+	  if ! command -v $$l >/dev/null 2>&1; then echo "valgrind-purelua: $$l skipped: not installed"; continue; fi; \
+	  echo "== $$l"; \
+	  $(PURELUA_ENV) $(PURELUA_CPATH) ASYNC_HOOKS_LUVCB=1 valgrind -q --trace-children=yes --error-exitcode=99 \
+	    --leak-check=no $$l /usr/bin/busted --lua=$$l $(BUSTED_ARGS) \
+	    spec/28-portable_tracebacks_spec.lua spec/26-portable_luv_spec.lua || status=1; \
+	done; exit $$status
 
 # the soak alone, long: AH_SOAK_SECONDS=60 (about 1e6 requests here)
 soak: build
