@@ -117,6 +117,78 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     assert.equal("clean", v:get())
   end)
 
+  it("a handle re-registered with nothing observing: each registration its own call, clean", function()
+    -- (a fresh interpreter: no resource asked for yet, so that these
+    -- registrations are the ones nothing observes; the same callback
+    -- started again from inside itself, then another callback, then the
+    -- first again from a value's scope and from the empty context)
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "clean" }
+      local seen = {}
+      local t = uv.new_timer()
+      local second
+      local function first()
+        seen[#seen + 1] = "first " .. v:get()
+        if #seen < 3 then
+          t:start(0, 0, first)
+        elseif #seen == 3 then
+          t:start(0, 0, second)
+        elseif #seen == 5 then -- (in "scoped": from the empty context again)
+          ah.Snapshot.empty():run(function() t:start(0, 0, first) end)
+        else
+          t:close()
+        end
+        v:set("dirty") -- (after the registration: not its context)
+      end
+      second = function()
+        seen[#seen + 1] = "second " .. v:get()
+        v:run("scoped", function() t:start(0, 0, first) end)
+        v:set("dirty")
+      end
+      t:start(0, 0, first)
+      uv.run()
+      print(table.concat(seen, ","))
+      print(v:get())
+    ]], { "first clean,first clean,first clean,second clean,first scoped,first clean", "clean" })
+  end)
+
+  it("a closed handle that had registrations nothing observed is collected, also after uninstall()", function()
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local weak = setmetatable({}, { __mode = "k" })
+      do
+        local t = uv.new_timer()
+        local n = 0
+        local function step()
+          n = n + 1
+          if n < 3 then t:start(0, 0, step) else t:close() end
+        end
+        t:start(0, 0, step)
+        weak[t] = true
+      end
+      uv.run()
+      collectgarbage()
+      collectgarbage()
+      print(next(weak) == nil)
+      -- (closed after uninstall(): the library does not see the close)
+      do
+        local t = uv.new_timer()
+        t:start(1000, 0, function() end)
+        weak[t] = true
+        t:stop()
+        ah.uninstall()
+        t:close()
+      end
+      uv.run()
+      collectgarbage()
+      collectgarbage()
+      print(next(weak) == nil)
+    ]], { "true", "true" })
+  end)
+
   it("events: init with the luv type, before/after per call, destroy of requests and closed handles", function()
     local log = typed_recorder(track)
     local t = uv.new_timer()

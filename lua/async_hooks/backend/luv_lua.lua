@@ -661,6 +661,13 @@ local function end_reg(rec)
   end
 end
 
+-- handle -> its last untracked registration's record, taken again by the
+-- next one of the same callback (nothing tells them apart: id 0, the
+-- empty frame, no resource); the entry goes when the handle is closed, or
+-- at uninstall() (the record holds the handle: on Lua 5.1 and LuaJIT a
+-- weak key its own value refers to stays)
+local ureg = setmetatable({}, WEAKK)
+
 -- a handle registration in its slot (the one it replaces ends)
 local function hold(h, slot, rec)
   if h == nil then return end
@@ -676,6 +683,7 @@ end
 
 -- the handle is closed: every registration of it ends
 local function release(h)
+  if h ~= nil then ureg[h] = nil end
   local regs = h ~= nil and hregs[h]
   if not regs then return end
   hregs[h] = nil
@@ -884,9 +892,19 @@ local function make_wrapper(orig, s, name, method)
       -- resource ever asked for): no asyncId, no events, ever (its
       -- callback runs with ids 0, as on the C core), in a record of its own
       -- all the same, so that a set inside ends with the callback.
-      local u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
-        cb = cb, once = false }, REGMT)
-      if fields then u.x1, u.x2 = named(fields, ...) end
+      local u
+      if kind == K_HANDLE and h ~= nil and not fields then
+        u = ureg[h]
+        if u == nil or u.cb ~= cb or u.s ~= s then
+          u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
+            cb = cb, once = false }, REGMT)
+          ureg[h] = u
+        end
+      else
+        u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
+          cb = cb, once = false }, REGMT)
+        if fields then u.x1, u.x2 = named(fields, ...) end
+      end
       if kind == K_HANDLE then
         local regs = h ~= nil and hregs[h]
         if regs and regs[slot] then hold(h, slot, nil) end -- it replaces a tracked one
@@ -1033,6 +1051,7 @@ local function detach()
   -- weak key does not free a value that refers to it before Lua 5.2's
   -- ephemerons, and not on LuaJIT); their destroys are not emitted
   for h in pairs(hregs) do hregs[h] = nil end
+  for h in pairs(ureg) do ureg[h] = nil end
   if luvcb then luvcb.detach() end
 end
 
