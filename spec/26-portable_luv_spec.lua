@@ -154,7 +154,7 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     ]], { "first clean,first clean,first clean,second clean,first scoped,first clean", "clean" })
   end)
 
-  it("a closed handle that had registrations nothing observed is collected, also after uninstall()", function()
+  it("a closed handle whose registrations replaced one another is collected, also after uninstall()", function()
     H.lua_ok([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
@@ -173,10 +173,31 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       collectgarbage()
       collectgarbage()
       print(next(weak) == nil)
+      -- (the same with a value: tracked registrations, one replacing another)
+      local v = ah.AsyncLocal.new()
+      do
+        local t = uv.new_timer()
+        local n = 0
+        local function step()
+          n = n + 1
+          if n < 3 then t:start(0, 0, step) else t:close() end
+        end
+        v:run("x", function() t:start(0, 0, step) end)
+        weak[t] = true
+      end
+      uv.run()
+      collectgarbage()
+      collectgarbage()
+      print(next(weak) == nil)
       -- (closed after uninstall(): the library does not see the close)
       do
         local t = uv.new_timer()
         t:start(1000, 0, function() end)
+        t:start(1000, 0, function() end)
+        v:run("y", function()
+          t:start(1000, 0, function() end)
+          t:start(1000, 0, function() end)
+        end)
         weak[t] = true
         t:stop()
         ah.uninstall()
@@ -186,7 +207,62 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       collectgarbage()
       collectgarbage()
       print(next(weak) == nil)
-    ]], { "true", "true" })
+    ]], { "true", "true", "true" })
+  end)
+
+  it("a handle re-registered in a context: each registration its own ids, value and resource", function()
+    -- (each step sets a value of its own, then registers the next from
+    -- inside its callback: the next step sees the context of its
+    -- registration)
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "-" }
+      local t = uv.new_timer()
+      local ids, trigs, values, resources = {}, {}, {}, {}
+      local function step()
+        local n = #ids + 1
+        ids[n], trigs[n], values[n] = ah.executionAsyncId(), ah.triggerAsyncId(), v:get()
+        if n == 4 then resources[1] = ah.executionAsyncResource() end
+        if n > 4 then resources[#resources + 1] = ah.executionAsyncResource() end
+        v:set("step " .. n)
+        if n < 7 then t:start(0, 0, step) else t:close() end
+      end
+      v:run("start", function() t:start(0, 0, step) end)
+      uv.run()
+      local ok = true
+      for n = 2, #ids do
+        if ids[n] <= ids[n - 1] or trigs[n] ~= ids[n - 1] then ok = false end
+      end
+      print(#ids, ok, table.concat(values, ","))
+      print(resources[1] ~= resources[2] and resources[2] ~= resources[3] and resources[3] ~= resources[4]
+        and resources[1] ~= resources[3])
+    ]], { { "steps: 7", "each step its own id, triggered by the last: true",
+      "start,step 1,step 2,step 3,step 4,step 5,step 6" }, { "each registration its own resource: true" } })
+  end)
+
+  it("a callback whose handle is re-registered under a coroutine it resumes keeps its context", function()
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new { default = "-" }
+      local t = uv.new_timer()
+      local got = {}
+      local function last() got[#got + 1] = "last " .. v:get(); t:close() end
+      local function first()
+        local id = ah.executionAsyncId()
+        local co = ah.coroutine.wrap(function()
+          v:set("co")
+          t:start(0, 0, last)
+          t:start(0, 0, last) -- (replaces the one before)
+        end)
+        co()
+        got[#got + 1] = "first " .. v:get() .. " " .. tostring(ah.executionAsyncId() == id)
+      end
+      v:run("A", function() t:start(0, 0, first) end)
+      uv.run()
+      print(table.concat(got, ","))
+    ]], { "first A true,last co" })
   end)
 
   it("events: init with the luv type, before/after per call, destroy of requests and closed handles", function()

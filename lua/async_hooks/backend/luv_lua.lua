@@ -643,7 +643,7 @@ local function new_reg(s, h, x1, x2)
   -- here: a field added later resizes the table)
   local f = parent.f
   local rec = setmetatable({ f = f, f0 = f, id = id, trig = parent.id, s = s, h = h,
-    cb = false, once = false }, REGMT)
+    cb = false, once = false, run = false }, REGMT)
   if x1 ~= nil then rec.x1 = x1 end
   if x2 ~= nil then rec.x2 = x2 end
   if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
@@ -667,6 +667,9 @@ end
 -- at uninstall() (the record holds the handle: on Lua 5.1 and LuaJIT a
 -- weak key its own value refers to stays)
 local ureg = setmetatable({}, WEAKK)
+-- handle -> the tracked record its last registration replaced (reuse_reg)
+local spare = setmetatable({}, WEAKK)
+local reuse_reg
 
 -- a handle registration in its slot (the one it replaces ends)
 local function hold(h, slot, rec)
@@ -678,12 +681,37 @@ local function hold(h, slot, rec)
   end
   local old = regs[slot]
   regs[slot] = rec
-  if old ~= nil and old.tok ~= nil then end_reg(old) end
+  if old ~= nil then
+    if old.tok ~= nil then
+      end_reg(old)
+    elseif old.res == nil and old.x1 == nil and old.x2 == nil then
+      spare[h] = old
+    end
+  end
+end
+
+-- A new registration of handle h, in the current context, in the record
+-- of h's last replaced one when nothing can tell them apart: luv let go of
+-- it, its callback is not running (not even under a coroutine it resumed),
+-- no resource was made for it and no destroy is due.
+reuse_reg = function(s, h)
+  local rec = spare[h]
+  spare[h] = nil
+  if rec.run or rec.s ~= s or rec.res ~= nil or rec.tok ~= nil then return new_reg(s, h) end
+  local parent = cur
+  local f, id = parent.f, next_id
+  next_id = id + 1
+  rec.f, rec.f0, rec.id, rec.trig, rec.cb, rec.once = f, f, id, parent.id, false, false
+  if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
+  return rec
 end
 
 -- the handle is closed: every registration of it ends
 local function release(h)
-  if h ~= nil then ureg[h] = nil end
+  if h ~= nil then
+    ureg[h] = nil
+    spare[h] = nil
+  end
   local regs = h ~= nil and hregs[h]
   if not regs then return end
   hregs[h] = nil
@@ -719,6 +747,7 @@ local function invoke_end(rec, prev, once, ok, ...)
   local failed, first = false, nil
   if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
+  rec.run = false
   if once then end_reg(rec) end
   if mark.queued then
     local f, e = flush_pending()
@@ -737,6 +766,7 @@ end
 local function call_reg(rec, ...)
   local prev = cur
   rec.f = rec.f0
+  rec.run = true
   cur = rec
   if n_before > 0 and rec.id ~= 0 then -- (0: untracked, see make_wrapper)
     local failed, e = emit_before(rec.id)
@@ -759,6 +789,7 @@ REGMT.__call = call_reg
 local function cb_enter(rec)
   local prev = cur
   rec.f = rec.f0
+  rec.run = true
   cur = rec
   if n_before > 0 and rec.id ~= 0 then
     local failed, e = emit_before(rec.id)
@@ -774,6 +805,7 @@ local function cb_leave(rec, prev, ok)
   local failed, first = false, nil
   if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
+  rec.run = false
   if rec.once then end_reg(rec) end
   if mark.queued then
     local f, e = flush_pending()
@@ -897,12 +929,12 @@ local function make_wrapper(orig, s, name, method)
         u = ureg[h]
         if u == nil or u.cb ~= cb or u.s ~= s then
           u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
-            cb = cb, once = false }, REGMT)
+            cb = cb, once = false, run = false }, REGMT)
           ureg[h] = u
         end
       else
         u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
-          cb = cb, once = false }, REGMT)
+          cb = cb, once = false, run = false }, REGMT)
         if fields then u.x1, u.x2 = named(fields, ...) end
       end
       if kind == K_HANDLE then
@@ -913,7 +945,13 @@ local function make_wrapper(orig, s, name, method)
       return checked(name, method, nil, pcall(orig, replace(p, n, u, ...)))
     end
     local rec
-    if fields then rec = new_reg(s, h, named(fields, ...)) else rec = new_reg(s, h) end
+    if fields then
+      rec = new_reg(s, h, named(fields, ...))
+    elseif kind == K_HANDLE and h ~= nil and spare[h] ~= nil then
+      rec = reuse_reg(s, h)
+    else
+      rec = new_reg(s, h)
+    end
     if kind == K_CREATE then
       local w = callback(rec, cb, false, s.fn)
       local r = pack(pcall(orig, replace(p, n, w, ...)))
@@ -1052,6 +1090,7 @@ local function detach()
   -- ephemerons, and not on LuaJIT); their destroys are not emitted
   for h in pairs(hregs) do hregs[h] = nil end
   for h in pairs(ureg) do ureg[h] = nil end
+  for h in pairs(spare) do spare[h] = nil end
   if luvcb then luvcb.detach() end
 end
 
@@ -1074,7 +1113,8 @@ local function make_schedule(orig)
     if not res_asked and cur.f == EMPTY and n_init + n_before + n_after + n_destroy == 0 then
       -- Nothing can observe it: ids 0, no events (as an untracked luv
       -- registration), in a record of its own all the same
-      local rec = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = SCHEDULE, cb = fn, once = false }, REGMT)
+      local rec = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = SCHEDULE, cb = fn, once = false,
+        run = false }, REGMT)
       return orig(function(...) return call_reg(rec, ...) end, ...)
     end
     local rec = new_reg(SCHEDULE, nil)
