@@ -241,6 +241,45 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       "start,step 1,step 2,step 3,step 4,step 5,step 6" }, { "each registration its own resource: true" } })
   end)
 
+  it("a handle re-registered with hooks: each registration's events once, in order", function()
+    H.lua_ok([=[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local log = {}
+      ah.createHook {
+        init = function(id, t) if t == "uv_timer" then log[#log + 1] = "init " .. id end end,
+        before = function(id) log[#log + 1] = "before " .. id end,
+        after = function(id) log[#log + 1] = "after " .. id end,
+        destroy = function(id) log[#log + 1] = "destroy " .. id end,
+      }:enable()
+      local t = uv.new_timer()
+      local n, ids = 0, {}
+      local function step()
+        n = n + 1
+        ids[n] = ah.executionAsyncId()
+        if n < 5 then t:start(0, 0, step) else t:close() end
+      end
+      t:start(0, 0, step)
+      uv.run()
+      -- each id: init, before, after, destroy, in this order, once each
+      local seen, ok = {}, true
+      local order = { init = 1, before = 2, after = 3, destroy = 4 }
+      for _, line in ipairs(log) do
+        local kind, id = line:match("^(%a+) (%d+)$")
+        id = tonumber(id)
+        local last = seen[id] or 0
+        if order[kind] ~= last + 1 then ok = false end
+        seen[id] = order[kind]
+      end
+      local distinct = {}
+      for i = 1, 5 do
+        if seen[ids[i]] ~= 4 or distinct[ids[i]] then ok = false end
+        distinct[ids[i]] = true
+      end
+      print(n, ok)
+    ]=], { { "steps: 5", "each registration init, before, after, destroy once: true" } })
+  end)
+
   it("a callback whose handle is re-registered under a coroutine it resumes keeps its context", function()
     H.lua_ok([[
       local uv = require("luv")

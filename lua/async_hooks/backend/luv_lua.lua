@@ -683,18 +683,16 @@ local function hold(h, slot, rec)
   local old = regs[slot]
   regs[slot] = rec
   if old ~= nil then
-    if old.tok ~= nil then
-      end_reg(old)
-    elseif old.res == nil and old.x1 == nil and old.x2 == nil then
-      spare[h] = old
-    end
+    if old.tok ~= nil then end_reg(old) end
+    if old.res == nil and old.x1 == nil and old.x2 == nil then spare[h] = old end
   end
 end
 
 -- A new registration of handle h, in the current context, in the record
 -- of h's last replaced one when nothing can tell them apart: luv let go of
 -- it, its callback is not running (not even under a coroutine it resumed),
--- no resource was made for it and no destroy is due.
+-- no resource was made for it and its destroy, if any, is queued already
+-- (the id is the record's no longer).
 reuse_reg = function(s, h)
   local rec = spare[h]
   spare[h] = nil
