@@ -104,6 +104,13 @@ end
 --- Raise e, an error that a dispatch returned, once the operation that
 -- dispatched is done; inside a hook, the dispatch that called it sees it
 -- as not the hook's own.
+-- xpcall(f, handler, a, b, c, d) where xpcall passes no arguments (Lua
+-- 5.1): through a closure, made in a function of its own (a closure in
+-- the dispatch loop would keep LuaJIT from compiling it)
+local function xpcall_closure(f, a, b, c, d)
+  return xpcall(function() return f(a, b, c, d) end, handler)
+end
+
 function M.raise(e, dispatching)
   if dispatching then reraised = e end
   error(e, 0)
@@ -178,8 +185,7 @@ function M.new(persist, on_counts, deferred)
       if XPCALL_ARGS then
         ok, e = xpcall(list[i], handler, a, b, c, d)
       else
-        local f = list[i]
-        ok, e = xpcall(function() return f(a, b, c, d) end, handler)
+        ok, e = xpcall_closure(list[i], a, b, c, d)
       end
       if not ok and not failed then failed, first = true, e end
     end
