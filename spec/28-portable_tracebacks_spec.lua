@@ -218,6 +218,39 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
     assert.is_false(luvcb.attached())
   end)
 
+  it("a luv thread's own Lua state with the helper, next to the main state's", function()
+    if not need_helper() then return end
+    -- (each state's callbacks find that state's helper: two timer chains
+    -- at once, each checking its value at every step)
+    local out = H.lua_ok([[
+      local uv = require("luv")
+      local function body(name, n, path, cpath)
+        if path then package.path, package.cpath = path, cpath end
+        local uv = require("luv")
+        local ah = require("async_hooks").install()
+        local v = ah.AsyncLocal.new()
+        local t = uv.new_timer()
+        local left, bad = n, 0
+        local function step()
+          if v:get() ~= name then bad = bad + 1 end
+          left = left - 1
+          if left == 0 then t:close() else t:start(0, 0, step) end
+        end
+        v:run(name, function() t:start(0, 0, step) end)
+        uv.run()
+        local attached = require("async_hooks.backend.luv_lua").luvcb.attached()
+        io.write(name, " ", tostring(attached), " ", bad, "\n")
+      end
+      local th = uv.new_thread(body, "thread", 20000, package.path, package.cpath)
+      body("main", 20000)
+      th:join()
+    ]], nil)
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+    table.sort(lines)
+    assert.same({ "main true 0", "thread true 0" }, lines)
+  end)
+
   it("a second luv table: one helper for both, the context kept in each", function()
     if not need_helper() then return end
     H.lua_ok([[

@@ -21,8 +21,10 @@
 ** delivers its queued destroys when uv.run starts, and a Lua wrapper would
 ** show up in tracebacks as a frame of its own.
 **
-** Everything is per Lua state, in the registry: a table under the address
-** of `key` holding the state (`hstate`) and the backend's functions.
+** Everything is per Lua state, in the registry: the state (`hstate`) in
+** a table under the address of `key`, the backend's functions under
+** references the state keeps; each thread remembers the state it used
+** last, so that a callback finds it without a lookup.
 */
 #ifdef LUVCB_CHECK_LUV_H
 #define _POSIX_C_SOURCE 200809L /* libuv's header needs pthread_rwlock_t */
@@ -77,11 +79,27 @@ typedef struct {
   int in_chain;      /* ctx's cb_pcall calls this one (directly, or a
                      ** function put in front of it later does) */
   int flags;         /* added to every callback's flags (tests) */
+  int ref[4];        /* registry references of the backend's enter, leave,
+                     ** records' metatable and fnrec (0: none yet) */
+  const void *regmt; /* the records' metatable */
 } hstate;
+enum { R_ENTER, R_LEAVE, R_REGMT, R_FNREC };
 
-/* the registry key of the table: {hstate, enter, leave, regmt, fnrec} */
+/* the registry key of the table {hstate} that anchors the state */
 static const char key = 0;
-enum { T_STATE = 1, T_ENTER, T_LEAVE, T_REGMT, T_FNREC };
+enum { T_STATE = 1 };
+
+/* the state of the Lua state that cb_pcall was last called with on this
+** thread (luv calls it with its main state; a luv thread has a state of
+** its own), found without a lookup where the compiler has thread-local
+** storage */
+#if defined(__GNUC__) && !defined(LUVCB_NO_CACHE)
+#define LUVCB_CACHE 1
+static __thread lua_State *cache_L = NULL;
+static __thread hstate *cache_st = NULL;
+#else
+#define LUVCB_CACHE 0
+#endif
 
 /* the first luv cb_pcall this helper replaced: for a Lua state whose
 ** table is gone (it can only be while the state closes) */
@@ -114,56 +132,62 @@ static int report(lua_State *L, hstate *st, int idx, int nresults, int flags) {
 
 static int cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   int fn = lua_gettop(L) - nargs;
-  int t, ours = 0, r;
+  int ours = 0, r;
   hstate *st;
-  if (!lua_checkstack(L, 8) || !push_table(L)) {
-    return fallback(L, nargs, nresults, flags);
+  if (!lua_checkstack(L, 8)) return fallback(L, nargs, nresults, flags);
+  st = NULL;
+#if LUVCB_CACHE
+  if (L == cache_L) st = cache_st;
+#endif
+  if (st == NULL) {
+    if (!push_table(L)) return fallback(L, nargs, nresults, flags);
+    lua_rawgeti(L, -1, T_STATE);
+    st = (hstate *)lua_touserdata(L, -1);
+    lua_pop(L, 2);
+#if LUVCB_CACHE
+    cache_L = L, cache_st = st;
+#endif
   }
-  t = lua_gettop(L);
-  lua_rawgeti(L, t, T_STATE);
-  st = (hstate *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
   flags |= st->flags;
   if (st->attached) {
     /* the record: fn itself (a table of the backend's metatable), or the
-    ** one a closure of the backend stands for */
+    ** one a closure of the backend stands for; -> [fn args enter rec] */
     if (lua_type(L, fn) == LUA_TTABLE) {
       if (lua_getmetatable(L, fn)) {
-        lua_rawgeti(L, t, T_REGMT);
-        ours = lua_rawequal(L, -1, -2);
-        lua_pop(L, 2);
-        if (ours) lua_pushvalue(L, fn);
+        ours = lua_topointer(L, -1) == st->regmt;
+        lua_pop(L, 1);
+        if (ours) {
+          lua_rawgeti(L, LUA_REGISTRYINDEX, st->ref[R_ENTER]);
+          lua_pushvalue(L, fn);
+        }
       }
     } else if (lua_type(L, fn) == LUA_TFUNCTION) {
-      lua_rawgeti(L, t, T_FNREC);
+      lua_rawgeti(L, LUA_REGISTRYINDEX, st->ref[R_FNREC]);
       lua_pushvalue(L, fn);
       lua_rawget(L, -2);
-      lua_remove(L, -2);
       ours = !lua_isnil(L, -1);
-      if (!ours) lua_pop(L, 1);
+      if (ours) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, st->ref[R_ENTER]);
+        lua_replace(L, -3);
+      } else {
+        lua_pop(L, 2);
+      }
     }
   }
-  if (!ours) {
-    lua_settop(L, fn + nargs);
-    return st->orig(L, nargs, nresults, flags);
-  }
-  /* [fn args T rec] -> enter(rec) -> [fn args T rec prev cb] */
-  lua_rawgeti(L, t, T_ENTER);
-  lua_insert(L, -2);
+  if (!ours) return st->orig(L, nargs, nresults, flags);
+  /* enter(rec) -> [fn args rec prev cb] */
   if (lua_pcall(L, 1, 3, 0) != 0) return report(L, st, fn, nresults, flags);
-  /* -> [T rec prev cb args]: luv calls cb as it would have without us */
+  /* -> [rec prev cb args]: luv calls cb as it would have without us */
   lua_replace(L, fn);
   lua_insert(L, fn);
   lua_insert(L, fn);
-  lua_insert(L, fn);
   r = st->orig(L, nargs, nresults, flags);
-  /* [T rec prev results] -> leave(rec, prev, ok) */
-  lua_rawgeti(L, fn, T_LEAVE);
+  /* [rec prev results] -> leave(rec, prev, ok) */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->ref[R_LEAVE]);
+  lua_pushvalue(L, fn);
   lua_pushvalue(L, fn + 1);
-  lua_pushvalue(L, fn + 2);
   lua_pushboolean(L, r >= 0);
   if (lua_pcall(L, 3, 0, 0) != 0) return report(L, st, fn, nresults, flags);
-  lua_remove(L, fn);
   lua_remove(L, fn);
   lua_remove(L, fn);
   return r;
@@ -221,7 +245,7 @@ static int l_attach(lua_State *L) {
   }
   st = get_state(L);
   if (st == NULL) {
-    lua_createtable(L, 5, 0);
+    lua_createtable(L, 1, 0);
     st = (hstate *)lua_newuserdata(L, sizeof(hstate));
     memset(st, 0, sizeof(*st));
     luaL_getmetatable(L, "async_hooks.luvcb");
@@ -230,13 +254,16 @@ static int l_attach(lua_State *L) {
     lua_pushlightuserdata(L, (void *)&key);
     lua_pushvalue(L, -2);
     lua_rawset(L, LUA_REGISTRYINDEX);
-  } else {
-    push_table(L);
   }
-  for (i = 1; i <= 4; i++) {
-    lua_pushvalue(L, i);
-    lua_rawseti(L, -2, T_ENTER + i - 1);
+  for (i = 0; i < 4; i++) {
+    lua_pushvalue(L, i + 1);
+    if (st->ref[i] == 0) {
+      st->ref[i] = luaL_ref(L, LUA_REGISTRYINDEX);
+    } else {
+      lua_rawseti(L, LUA_REGISTRYINDEX, st->ref[i]);
+    }
   }
+  st->regmt = lua_topointer(L, 3);
   /* (still in the chain behind a cb_pcall put in front later: that one
   ** calls this one, which must not chain to it in turn) */
   if (st->ctx != ctx || !st->in_chain) {
@@ -344,6 +371,9 @@ static int l_wrap(lua_State *L) {
 ** luv's own finalizers do not call this library once it is unloaded */
 static int l_gc(lua_State *L) {
   hstate *st = (hstate *)lua_touserdata(L, 1);
+#if LUVCB_CACHE
+  if (cache_st == st) cache_L = NULL, cache_st = NULL;
+#endif
   if (st->ctx != NULL && st->ctx->cb_pcall == cb_pcall) {
     st->ctx->cb_pcall = st->orig;
     st->in_chain = 0;
