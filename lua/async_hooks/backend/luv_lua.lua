@@ -908,11 +908,16 @@ local function make_wrapper(orig, s, name, method)
   return function(...)
     local n = select("#", ...)
     local p = pos
+    -- the argument at pos (else at alt), read without select(p, ...),
+    -- which LuaJIT compiles only for an index that is a constant of the
+    -- trace (the positions are 1 to 5, `alt` 0 to 3)
+    local a1, a2, a3, a4, a5 = ...
     local cb
-    if n >= p then cb = select(p, ...) end
+    if p == 2 then cb = a2 elseif p == 3 then cb = a3 elseif p == 4 then cb = a4
+    elseif p == 5 then cb = a5 else cb = a1 end
     if cb == nil and alt ~= 0 then
       p = alt
-      if n >= p then cb = select(p, ...) end
+      if p == 2 then cb = a2 elseif p == 3 then cb = a3 else cb = a1 end
     end
     if type(cb) ~= "function" and not callable(cb) then return checked(name, method, nil, pcall(orig, ...)) end
     local h = ...
