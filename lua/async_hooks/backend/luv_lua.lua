@@ -176,7 +176,7 @@ end, true)
 -- what it does, then raises it
 local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending, destroy_now, queue_destroy, raise = H.flush_pending, H.destroy_now, H.queue_destroy, H.raise
-local emit_init, gc_token, tok_id, tok_release = H.emit_init, H.gc_token, H.tok_id, H.tok_release
+local emit_init, gc_token, tok_id = H.emit_init, H.gc_token, H.tok_id
 -- mark.queued: destroys may be queued (checked before flush_pending)
 local mark = H.mark
 B.emit_init = emit_init
@@ -449,8 +449,7 @@ local function resume_end(co, rec, prev)
     recs[co] = nil
     local tok = rec.tok
     if tok ~= nil then
-      rec.tok = nil
-      tok_release(tok)
+      tok_id[tok] = nil
       local f, e = destroy_now(rec.own)
       if f and not failed then failed, first = f, e end
     end
@@ -657,7 +656,7 @@ local function end_reg(rec)
   local tok = rec.tok
   if tok ~= nil then -- (once: the token goes with it)
     rec.tok = nil
-    tok_release(tok)
+    tok_id[tok] = nil
     queue_destroy(rec.id)
   end
 end
@@ -738,7 +737,7 @@ local function unregistered(rec)
   local tok = rec.tok
   if tok ~= nil then
     rec.tok = nil
-    tok_release(tok)
+    tok_id[tok] = nil
   end
 end
 

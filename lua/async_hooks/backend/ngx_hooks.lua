@@ -336,38 +336,19 @@ function M.new(persist, on_counts, deferred)
       mark.queued = true
     end
   end
-  -- Tokens whose holder let go of them (tok_release), taken again by the
-  -- next gc_token: a finalizable object per registration costs every
-  -- collection cycle.  At most TOK_POOL are kept.
-  local pool, pool_n = {}, 0
-  local TOK_POOL = 32
   local gc_token
   if newproxy then
     local TOKPROXY = newproxy(true)
     getmetatable(TOKPROXY).__gc = on_gc
     gc_token = function(id)
-      local p
-      if pool_n > 0 then
-        p = pool[pool_n]
-        pool[pool_n] = nil
-        pool_n = pool_n - 1
-      else
-        p = newproxy(TOKPROXY)
-      end
+      local p = newproxy(TOKPROXY)
       tok_id[p] = id
       return p
     end
   else -- Lua 5.2 and 5.3: an empty table with a finalizer
     local TOKMT = { __gc = on_gc }
     gc_token = function(id)
-      local p
-      if pool_n > 0 then
-        p = pool[pool_n]
-        pool[pool_n] = nil
-        pool_n = pool_n - 1
-      else
-        p = setmetatable({}, TOKMT)
-      end
+      local p = setmetatable({}, TOKMT)
       tok_id[p] = id
       return p
     end
@@ -375,16 +356,6 @@ function M.new(persist, on_counts, deferred)
 
   local function gc_token_cancel(tok)
     tok_id[tok] = nil
-  end
-
-  -- the token is cancelled and nothing refers to it any more (its holder
-  -- dropped it): kept for a later gc_token
-  local function tok_release(tok)
-    tok_id[tok] = nil
-    if pool_n < TOK_POOL then
-      pool_n = pool_n + 1
-      pool[pool_n] = tok
-    end
   end
 
   -- whether destroys are queued
@@ -405,7 +376,7 @@ function M.new(persist, on_counts, deferred)
     flush = flush, flush_pending = flush_pending, queue_destroy = queue_destroy, has_pending = has_pending,
     mark = mark,
     hook_count = hook_count, hook_enable = hook_enable, hook_disable = hook_disable,
-    gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_release = tok_release, tok_id = tok_id,
+    gc_token = gc_token, gc_token_cancel = gc_token_cancel, tok_id = tok_id,
   }
 end
 
