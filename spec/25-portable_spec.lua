@@ -493,6 +493,35 @@ describe("on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       assert.equal("t", v:run("t", fn))
     end)
 
+    it("a collected coroutine gets its destroy after other resources' destroys were delivered", function()
+      -- (a coroutine run to its end, a resource whose emitDestroy was
+      -- called and that is still alive, then collected coroutines: each
+      -- destroy once)
+      local destroyed = {}
+      track(ah.createHook { destroy = function(id) destroyed[#destroyed + 1] = id end }):enable()
+      local finished = coroutine.wrap(function() return ah.executionAsyncId() end)()
+      local res = AsyncResource.new("Kept")
+      res:emitDestroy()
+      local ids = {}
+      do
+        for i = 1, 3 do
+          local co = coroutine.create(function() coroutine.yield(ah.executionAsyncId()) end)
+          local _, got = coroutine.resume(co)
+          ids[i] = got
+        end
+      end
+      H.gc()
+      ah.flush()
+      -- (each once; other tests' garbage may be destroyed here too)
+      local times = {}
+      for _, id in ipairs(destroyed) do times[id] = (times[id] or 0) + 1 end
+      local want = { finished, res:asyncId(), ids[1], ids[2], ids[3] }
+      local got = {}
+      for i, id in ipairs(want) do got[i] = times[id] or 0 end
+      assert.same({ 1, 1, 1, 1, 1 }, got)
+      assert.is_table(res) -- (alive until here)
+    end)
+
     it("flush() delivers what a collected resource queued", function()
       local log = recorder()
       do AsyncResource.new("Lost") end
