@@ -167,18 +167,30 @@ end
 
 -- (init_sees: an enabled init hook can read its fourth argument, the
 -- resource: made for init only then, as the C core does)
-local n_init, n_before, n_after, n_destroy, init_sees = 0, 0, 0, 0, false
+-- (n_ba: n_before + n_after, read by each resume)
+local n_init, n_before, n_after, n_destroy, init_sees, n_ba = 0, 0, 0, 0, false, 0
+-- queued: destroys may be queued; set with H's mark.queued (H calls back,
+-- a finalizer too), cleared only by flush_queued, from mark.queued
+local queued = false
 local H = require("async_hooks.backend.ngx_hooks").new(persist, function(i, b, a, d, sees)
-  n_init, n_before, n_after, n_destroy, init_sees = i, b, a, d, sees
-end, true)
+  n_init, n_before, n_after, n_destroy, init_sees, n_ba = i, b, a, d, sees, b + a
+end, true, function() queued = true end)
 -- emit_before, emit_after, flush_pending and destroy_now return an error of
 -- the dispatch that is not the hook's own (failed, e): the caller finishes
 -- what it does, then raises it
 local emit_before, emit_after = H.emit_before, H.emit_after
 local flush_pending, destroy_now, queue_destroy, raise = H.flush_pending, H.destroy_now, H.queue_destroy, H.raise
 local emit_init, gc_token, tok_id = H.emit_init, H.gc_token, H.tok_id
--- mark.queued: destroys may be queued (checked before flush_pending)
 local mark = H.mark
+
+-- where `queued` is set: the queued destroys delivered, unless H found
+-- none queued (mark.queued false: a flush emptied the queues); returns
+-- (failed, e) as flush_pending
+local function flush_queued()
+  queued = mark.queued
+  if queued then return flush_pending() end
+  return false
+end
 B.emit_init = emit_init
 B.hook_count, B.hook_enable, B.hook_disable = H.hook_count, H.hook_enable, H.hook_disable
 B.gc_token, B.gc_token_cancel = H.gc_token, H.gc_token_cancel
@@ -261,8 +273,8 @@ local function restore(rec, saved, ok, ...)
   rec.f = saved
   if rec == TOP then
     top_nsc = top_nsc - 1
-    if top_nsc == 0 and mark.queued then
-      local f, e = flush_pending()
+    if top_nsc == 0 and queued then
+      local f, e = flush_queued()
       if f and ok then raise(e) end
     end
   end
@@ -422,6 +434,9 @@ local function emit_own(emit, rec, co)
   return failed, e
 end
 
+-- set by the library's yield on LuaJIT (see co_yield)
+local yielded = false
+
 -- the end of a resume slice: the open scopes' after (innermost first, each
 -- marked out: with hooks or without, so that a hook enabled later gets no
 -- after without its before), the coroutine's after, the resumer's record
@@ -445,6 +460,7 @@ local function resume_end(co, rec, prev)
     if f and not failed then failed, first = f, e end
   end
   cur = prev
+  yielded = false
   if raw_status(co) == "dead" then
     recs[co] = nil
     local tok = rec.tok
@@ -488,8 +504,9 @@ end
 -- returns to reads and clears: a coroutine that yielded through it is alive
 -- without asking coroutine.status (a yield made otherwise is found by
 -- asking).  On PUC Lua the status costs less than a Lua call: the
--- runtime's yield is kept.
-local yielded = false
+-- runtime's yield is kept.  (Left set by a yield that a resume from C
+-- returned to, it only keeps a dead coroutine's entry in `recs` until the
+-- coroutine is collected.)
 local raw_yield = stdco.yield
 local co_yield = raw_yield
 if rawget(_G, "jit") then
@@ -503,7 +520,7 @@ end
 -- record back, unless the slice needs more (a hook enabled in it, a scope
 -- it opened, its destroy: when it ran, as nothing else enables hooks)
 local function quick_end(co, rec, prev, ...)
-  if n_after > 0 or not rec.q then
+  if n_after ~= 0 or not rec.q then
     local failed, e = resume_end(co, rec, prev)
     if failed then raise(e) end
   else
@@ -515,8 +532,8 @@ local function quick_end(co, rec, prev, ...)
     elseif raw_status(co) == "dead" then
       recs[co] = nil
     end
-    if mark.queued then
-      local failed, e = flush_pending()
+    if queued then
+      local failed, e = flush_queued()
       if failed then raise(e) end
     end
   end
@@ -534,9 +551,8 @@ local function co_resume(co, ...)
     rec = adopt(co)
   end
   local prev = cur
-  if n_before + n_after == 0 and rec.sc == nil then
+  if n_ba == 0 and rec.sc == nil then
     -- (a coroutine that is not suspended: Lua's own answer, nothing ran)
-    yielded = false
     cur = rec
     return quick_end(co, rec, prev, raw_resume(co, ...))
   end
@@ -747,8 +763,8 @@ local function invoke_end(rec, prev, once, ok, ...)
   cur = prev
   rec.run = false
   if once then end_reg(rec) end
-  if mark.queued then
-    local f, e = flush_pending()
+  if queued then
+    local f, e = flush_queued()
     if f and not failed then failed, first = f, e end
   end
   if not ok then error((...), 0) end
@@ -805,8 +821,8 @@ local function cb_leave(rec, prev, ok)
   cur = prev
   rec.run = false
   if rec.once then end_reg(rec) end
-  if mark.queued then
-    local f, e = flush_pending()
+  if queued then
+    local f, e = flush_queued()
     if f and not failed then failed, first = f, e end
   end
   if failed and ok then raise(first) end

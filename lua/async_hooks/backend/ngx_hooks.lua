@@ -123,8 +123,11 @@ end
 --   n_destroy)` now and each time the hook lists change
 -- @param deferred when true, the end of a dispatch does not deliver the
 --   queued destroys: the backend's own flush points do (`flush_pending`)
+-- @param on_queued optional, called with no argument each time a destroy
+--   is queued (`mark.queued` set; a finalizer calls it too), for a backend
+--   that keeps the mark in an upvalue of its own
 -- @return a table of the functions (see the end of this function)
-function M.new(persist, on_counts, deferred)
+function M.new(persist, on_counts, deferred, on_queued)
   local order = persist.order or {} -- enabled hooks, in enabling order
   persist.order = order
   local lists = { init = {}, before = {}, after = {}, destroy = {} }
@@ -256,6 +259,7 @@ function M.new(persist, on_counts, deferred)
       dq_n = dq_n + 1
       dqueue[dq_n] = id
       mark.queued = true
+      if on_queued then on_queued() end
     end
   end
 
@@ -334,6 +338,7 @@ function M.new(persist, on_counts, deferred)
       local q = gqueue
       q[#q + 1] = id
       mark.queued = true
+      if on_queued then on_queued() end
     end
   end
   local gc_token
