@@ -154,47 +154,50 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     ]], { "first clean,first clean,first clean,second clean,first scoped,first clean", "clean" })
   end)
 
+  -- (a child's prelude: `collect()` runs full cycles until nothing more is
+  -- freed: a closed handle's own finalizer takes a cycle; LuaJIT's
+  -- compiled traces may hold values they were specialised on, and are
+  -- dropped first; `weak` is a weak-keyed table; `count(weak)` its size)
+  local COLLECT = [[
+    local weak = setmetatable({}, { __mode = "k" })
+    local function collect()
+      if jit then jit.flush() end
+      local before
+      repeat
+        before = collectgarbage("count")
+        collectgarbage()
+      until collectgarbage("count") >= before
+    end
+    local function count(t)
+      local n = 0
+      for _ in pairs(t) do n = n + 1 end
+      return n
+    end
+  ]]
+
   it("a closed handle whose registrations replaced one another is collected, also after uninstall()", function()
-    H.lua_ok([[
+    H.lua_ok(COLLECT .. [[
       local uv = require("luv")
       local ah = require("async_hooks").install()
-      local weak = setmetatable({}, { __mode = "k" })
-      -- (full cycles until nothing more is freed: a closed handle's own
-      -- finalizer takes a cycle; LuaJIT's compiled traces may hold values
-      -- they were specialised on, and are dropped first)
-      local function collect()
-        if jit then jit.flush() end
-        local before
-        repeat
-          before = collectgarbage("count")
-          collectgarbage()
-        until collectgarbage("count") >= before
-      end
-      do
+      -- a timer whose callback starts it again twice, then closes it,
+      -- its first start made by `first`
+      local function chain(first)
         local t = uv.new_timer()
         local n = 0
         local function step()
           n = n + 1
           if n < 3 then t:start(0, 0, step) else t:close() end
         end
-        t:start(0, 0, step)
+        first(function() t:start(0, 0, step) end)
         weak[t] = true
       end
+      chain(function(start) start() end) -- (nothing observes: untracked)
       uv.run()
       collect()
       print(next(weak) == nil)
-      -- (the same with a value: tracked registrations, one replacing another)
+      -- (with a value: tracked registrations, one replacing another)
       local v = ah.AsyncLocal.new()
-      do
-        local t = uv.new_timer()
-        local n = 0
-        local function step()
-          n = n + 1
-          if n < 3 then t:start(0, 0, step) else t:close() end
-        end
-        v:run("x", function() t:start(0, 0, step) end)
-        weak[t] = true
-      end
+      chain(function(start) v:run("x", start) end)
       uv.run()
       collect()
       print(next(weak) == nil)
@@ -216,6 +219,112 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
       collect()
       print(next(weak) == nil)
     ]], { "true", "true", "true" })
+  end)
+
+  it("handles closed by a close saved before install() are collected, tracked or not", function()
+    -- (the library does not see that close: its records of the handles go
+    -- with luv's hold on them)
+    H.lua_ok(COLLECT .. [[
+      local uv = require("luv")
+      local close = uv.close
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local function timers(n)
+        for _ = 1, n do
+          local t = uv.new_timer()
+          t:start(0, 0, function() close(t) end)
+          t:start(0, 0, function() close(t) end) -- (one replacing another)
+          weak[t] = true
+        end
+      end
+      timers(20) -- (nothing observes: untracked)
+      uv.run()
+      collect()
+      print("untracked alive: " .. count(weak))
+      v:run("tracked", function() timers(20) end)
+      uv.run()
+      collect()
+      print("tracked alive: " .. count(weak))
+    ]], { "untracked alive: 0", "tracked alive: 0" })
+  end)
+
+  it("a replaced registration's callback and frame are collected while its handle stays open", function()
+    H.lua_ok(COLLECT .. [[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      local function noop() end
+      -- each time: a registration holding `key` in its frame (a value's
+      -- scope) or in its callback, then another in its place
+      local function register(how)
+        local key = {}
+        weak[key] = how
+        if how == "frame" then
+          v:run(key, function() t:start(1000, 0, noop) end)
+        else
+          t:start(1000, 0, function() return key end)
+        end
+      end
+      local function replaced(how, again)
+        register(how)
+        again()
+        collect()
+        print(how .. " collected: " .. tostring(next(weak) == nil))
+        for k in pairs(weak) do weak[k] = nil end
+      end
+      replaced("frame", function() v:run("other", function() t:start(1000, 0, noop) end) end)
+      replaced("callback", function() v:run("other", function() t:start(1000, 0, noop) end) end)
+      -- (the first one nothing observes: untracked, then a tracked one)
+      replaced("callback", function() v:run("other", function() t:start(1000, 0, noop) end) end)
+      t:close()
+      uv.run()
+    ]], { "frame collected: true", "callback collected: true", "callback collected: true" })
+  end)
+
+  it("a callback called again while it runs (uv.run inside it): its own frame and ids, the outer's back after", function()
+    -- (a repeating timer whose first call runs the loop once more, in a
+    -- resource's scope: the second call runs nested; Neovim's vim.wait
+    -- does this)
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    local n, reg, first, out, events = 0, nil, nil, {}, {}
+    local tid
+    track(ah.createHook {
+      init = function(id, type) if type == "uv_timer" then tid = id end end,
+      before = function(id) if id == tid then events[#events + 1] = "before" end end,
+      after = function(id) if id == tid then events[#events + 1] = "after" end end,
+    }):enable()
+    local ar = ah.AsyncResource.new("OUTER")
+    v:run("registered", function()
+      reg = ah.executionAsyncId()
+      t:start(1, 1, function()
+        n = n + 1
+        local mine = "call" .. n
+        local id, res = ah.executionAsyncId(), ah.executionAsyncResource()
+        out[#out + 1] = ("%s starts: %s, trigger %s"):format(mine, tostring(v:get()), tostring(ah.triggerAsyncId() == reg))
+        v:set(mine)
+        if n == 1 then
+          first = { id, res }
+          ar:runInAsyncScope(function()
+            uv.run("once")
+            out[#out + 1] = "in the scope: " .. tostring(ah.executionAsyncId() == ar:asyncId())
+          end)
+        else
+          out[#out + 1] = "nested, the first call's ids: " .. tostring(id == first[1] and res == first[2])
+          t:stop()
+          t:close()
+        end
+        out[#out + 1] = mine .. " ends: " .. tostring(v:get()) .. ", its ids: " ..
+          tostring(ah.executionAsyncId() == id and ah.executionAsyncResource() == res)
+      end)
+    end)
+    uv.run()
+    assert.same({ "call1 starts: registered, trigger true", "call2 starts: registered, trigger true",
+      "nested, the first call's ids: true", "call2 ends: call2, its ids: true", "in the scope: true",
+      "call1 ends: call1, its ids: true" }, out)
+    assert.equal(tid, first[1])
+    assert.same({ "before", "before", "after", "after" }, events)
   end)
 
   it("a handle re-registered in a context: each registration its own ids, value and resource", function()

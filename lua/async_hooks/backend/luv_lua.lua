@@ -73,6 +73,10 @@ local B = { name = "luv_lua", persist = persist, luvcb = luvcb }
 local NILV = {} -- an explicit nil in a frame
 local WEAKK = { __mode = "k" }
 local WEAKV = { __mode = "v" }
+-- (a table whose values refer to their keys, as a registration's record
+-- refers to its handle: on Lua 5.1 and LuaJIT, which have no ephemerons,
+-- a weak key alone would keep both for ever)
+local WEAKKV = { __mode = "kv" }
 local EMPTY = setmetatable({}, WEAKK)
 local TOKMT = { __name = "async_hooks.token" }
 
@@ -148,6 +152,7 @@ function B.executionAsyncResource()
   if res == nil then
     if rec.s then
       res = luv_resource(rec)
+      if rec.id == rec.rid then rec.rres = res end -- (the registration's own)
     else
       res = {}
     end
@@ -621,8 +626,11 @@ for _, s in ipairs(SPECS) do SPEC_OF[s[1]] = s end
 -- luv metatable -> its registry name ("uv_timer", ...): PUC Lua 5.1, 5.2
 -- and LuaJIT give them no __name
 local mtname = setmetatable({}, WEAKK)
--- handle -> {slot -> record}: its live handle registrations
-local hregs = persist.hregs or setmetatable({}, WEAKK)
+-- handle -> {slot -> record}: its live handle registrations; each record
+-- in it refers to the table (`regs`), so that the entry lives as long as
+-- luv holds one of them (a handle closed by a close saved before install()
+-- goes all the same)
+local hregs = persist.hregs or setmetatable({}, WEAKKV)
 persist.hregs = hregs
 
 local callable = errors.callable
@@ -659,7 +667,7 @@ local function new_reg(s, h, x1, x2)
   -- here: a field added later resizes the table)
   local f = parent.f
   local rec = setmetatable({ f = f, f0 = f, id = id, trig = parent.id, s = s, h = h,
-    cb = false, once = false, run = false }, REGMT)
+    cb = false, once = false, run = 0, rid = id, rtrig = parent.id, regs = false }, REGMT)
   if x1 ~= nil then rec.x1 = x1 end
   if x2 ~= nil then rec.x2 = x2 end
   if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
@@ -679,12 +687,13 @@ end
 
 -- handle -> its last untracked registration's record, taken again by the
 -- next one of the same callback (nothing tells them apart: id 0, the
--- empty frame, no resource); the entry goes when the handle is closed, or
--- at uninstall() (the record holds the handle: on Lua 5.1 and LuaJIT a
--- weak key its own value refers to stays)
-local ureg = setmetatable({}, WEAKK)
--- handle -> the tracked record its last registration replaced (reuse_reg)
-local spare = setmetatable({}, WEAKK)
+-- empty frame, no resource); the entry goes when the handle is closed, at
+-- uninstall(), or with the record once luv let go of it
+local ureg = setmetatable({}, WEAKKV)
+-- handle -> the tracked record its last registration replaced (reuse_reg),
+-- until the next collection: nothing else holds it (its frame and
+-- callback are collected as without reuse)
+local spare = setmetatable({}, WEAKKV)
 local reuse_reg
 
 -- a handle registration in its slot (the one it replaces ends)
@@ -697,6 +706,7 @@ local function hold(h, slot, rec)
   end
   local old = regs[slot]
   regs[slot] = rec
+  if rec ~= nil and rec.regs ~= regs then rec.regs = regs end -- (a reused record has it)
   if old ~= nil then
     if old.tok ~= nil then end_reg(old) end
     if old.res == nil and old.x1 == nil and old.x2 == nil then spare[h] = old end
@@ -705,17 +715,18 @@ end
 
 -- A new registration of handle h, in the current context, in the record
 -- of h's last replaced one when nothing can tell them apart: luv let go of
--- it, its callback is not running (not even under a coroutine it resumed),
--- no resource was made for it and its destroy, if any, is queued already
--- (the id is the record's no longer).
+-- it, no call of its callback is running (not even under a coroutine it
+-- resumed), no resource was made for it and its destroy, if any, is
+-- queued already (the id is the record's no longer).
 reuse_reg = function(s, h)
   local rec = spare[h]
   spare[h] = nil
-  if rec.run or rec.s ~= s or rec.res ~= nil or rec.tok ~= nil then return new_reg(s, h) end
+  if rec.run ~= 0 or rec.s ~= s or rec.res ~= nil or rec.tok ~= nil then return new_reg(s, h) end
   local parent = cur
-  local f, id = parent.f, next_id
+  local f, id, trig = parent.f, next_id, parent.id
   next_id = id + 1
-  rec.f, rec.f0, rec.id, rec.trig, rec.cb, rec.once = f, f, id, parent.id, false, false
+  rec.f, rec.f0, rec.id, rec.trig, rec.cb, rec.once = f, f, id, trig, false, false
+  rec.rid, rec.rtrig = id, trig
   if n_destroy > 0 and s[4] ~= K_WORK then rec.tok = gc_token(id) end
   return rec
 end
@@ -741,7 +752,7 @@ local function registered(rec)
     local res = nil
     if init_sees then
       res = luv_resource(rec)
-      rec.res = res
+      rec.res, rec.rres = res, res
     end
     emit_init(rec.id, type_of(rec), rec.trig, res)
   end
@@ -757,11 +768,37 @@ local function unregistered(rec)
   end
 end
 
+-- A call of a record whose callback is running already (uv.run called
+-- inside it: Neovim's vim.wait, say) runs in the registration's own frame,
+-- ids and resource (rid, rtrig, rres: what a scope open in the outer call
+-- does not change); the outer call's are saved in `nest` and back when the
+-- inner one ends.
+local function nest_enter(rec)
+  local saved = rec.nest
+  if not saved then
+    saved = {}
+    rec.nest = saved
+  end
+  local n = #saved
+  saved[n + 1], saved[n + 2], saved[n + 3], saved[n + 4] = rec.f, rec.id, rec.trig, rec.res or false
+  rec.f, rec.id, rec.trig, rec.res = rec.f0, rec.rid, rec.rtrig, rec.rres
+end
+
+local function nest_leave(rec)
+  local saved = rec.nest
+  local n = #saved
+  local res = saved[n]
+  rec.f, rec.id, rec.trig, rec.res = saved[n - 3], saved[n - 2], saved[n - 1], res or nil
+  saved[n], saved[n - 1], saved[n - 2], saved[n - 3] = nil, nil, nil, nil
+end
+
 local function invoke_end(rec, prev, once, ok, ...)
   local failed, first = false, nil
   if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
-  rec.run = false
+  local depth = rec.run - 1
+  rec.run = depth
+  if depth ~= 0 then nest_leave(rec) end
   if once then end_reg(rec) end
   if queued then
     local f, e = flush_queued()
@@ -779,8 +816,9 @@ end
 -- registration's frame (a set inside one call is gone at the next).
 local function call_reg(rec, ...)
   local prev = cur
-  rec.f = rec.f0
-  rec.run = true
+  local depth = rec.run
+  if depth == 0 then rec.f = rec.f0 else nest_enter(rec) end
+  rec.run = depth + 1
   cur = rec
   if n_before > 0 and rec.id ~= 0 then -- (0: untracked, see make_wrapper)
     local failed, e = emit_before(rec.id)
@@ -802,8 +840,9 @@ REGMT.__call = call_reg
 -- of the after dispatch is raised only when the callback returned.
 local function cb_enter(rec)
   local prev = cur
-  rec.f = rec.f0
-  rec.run = true
+  local depth = rec.run
+  if depth == 0 then rec.f = rec.f0 else nest_enter(rec) end
+  rec.run = depth + 1
   cur = rec
   if n_before > 0 and rec.id ~= 0 then
     local failed, e = emit_before(rec.id)
@@ -819,7 +858,9 @@ local function cb_leave(rec, prev, ok)
   local failed, first = false, nil
   if n_after > 0 and rec.id ~= 0 then failed, first = emit_after(rec.id) end
   cur = prev
-  rec.run = false
+  local depth = rec.run - 1
+  rec.run = depth
+  if depth ~= 0 then nest_leave(rec) end
   if rec.once then end_reg(rec) end
   if queued then
     local f, e = flush_queued()
@@ -948,12 +989,12 @@ local function make_wrapper(orig, s, name, method)
         u = ureg[h]
         if u == nil or u.cb ~= cb or u.s ~= s then
           u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
-            cb = cb, once = false, run = false }, REGMT)
+            cb = cb, once = false, run = 0, rid = 0, rtrig = 0 }, REGMT)
           ureg[h] = u
         end
       else
         u = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = s, h = h,
-          cb = cb, once = false, run = false }, REGMT)
+          cb = cb, once = false, run = 0, rid = 0, rtrig = 0 }, REGMT)
         if fields then u.x1, u.x2 = named(fields, ...) end
       end
       if kind == K_HANDLE then
@@ -1133,7 +1174,7 @@ local function make_schedule(orig)
       -- Nothing can observe it: ids 0, no events (as an untracked luv
       -- registration), in a record of its own all the same
       local rec = setmetatable({ f = EMPTY, f0 = EMPTY, id = 0, trig = 0, s = SCHEDULE, cb = fn, once = false,
-        run = false }, REGMT)
+        run = 0, rid = 0, rtrig = 0 }, REGMT)
       return orig(function(...) return call_reg(rec, ...) end, ...)
     end
     local rec = new_reg(SCHEDULE, nil)
