@@ -101,16 +101,18 @@ local function handler(e)
   fatal(d_kind, debug.traceback(tostring(e), 2))
 end
 
---- Raise e, an error that a dispatch returned, once the operation that
--- dispatched is done; inside a hook, the dispatch that called it sees it
--- as not the hook's own.
--- xpcall(f, handler, a, b, c, d) where xpcall passes no arguments (Lua
--- 5.1): through a closure, made in a function of its own (a closure in
--- the dispatch loop would keep LuaJIT from compiling it)
+-- xpcall(f, handler, a, b, c, d) where xpcall passes no arguments (PUC
+-- Lua 5.1): through a closure, made in a function of its own (a closure
+-- in the dispatch loop's body would close its upvalues at the end of each
+-- iteration, which keeps LuaJIT from compiling the loop, whichever
+-- branch runs)
 local function xpcall_closure(f, a, b, c, d)
   return xpcall(function() return f(a, b, c, d) end, handler)
 end
 
+--- Raise e, an error that a dispatch returned, once the operation that
+-- dispatched is done; inside a hook, the dispatch that called it sees it
+-- as not the hook's own.
 function M.raise(e, dispatching)
   if dispatching then reraised = e end
   error(e, 0)
