@@ -362,6 +362,25 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
     assert.equal("behind\nagain\nalone\n", out)
   end)
 
+  it("leaves a uv.run that is a C function with upvalues to the Lua wrapper", function()
+    if not need_helper() then return end
+    -- (the helper's run calls luv's as C with its own upvalues; a
+    -- coroutine.wrap function has some of its own)
+    H.lua_ok([[
+      local uv = require("luv")
+      local unpack = unpack or table.unpack
+      local run = uv.run
+      uv.run = coroutine.wrap(function(...)
+        local args = { ... }
+        while true do args = { coroutine.yield(run(unpack(args))) } end
+      end)
+      require("async_hooks").install()
+      local t = uv.new_timer()
+      t:start(1, 0, function() print("tick"); t:close() end)
+      print(pcall(uv.run))
+    ]], { "tick", "true\tfalse" })
+  end)
+
   it("stays out when registry.luv_context is not luv's context", function()
     if not need_helper() then return end
     H.lua_ok([[

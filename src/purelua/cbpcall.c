@@ -320,10 +320,12 @@ static int run_closure(lua_State *L) {
 }
 
 /* run(luv_run, flush): the replacement of uv.run, or nil when luv's run
-** is not a C function */
+** is not a C function without upvalues (run_closure calls it with its own
+** upvalues: one that has some, as coroutine.wrap's, would read those) */
 static int l_run(lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (lua_tocfunction(L, 1) == NULL) return 0;
+  if (lua_getupvalue(L, 1, 1) != NULL) return 0;
   lua_settop(L, 2);
   lua_pushcclosure(L, run_closure, 2);
   return 1;
