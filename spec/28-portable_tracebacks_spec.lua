@@ -381,6 +381,15 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
     ]], { "tick", "true\tfalse" })
   end)
 
+  it("flags() in a Lua state it is not attached to: an error that says so", function()
+    if not need_helper() then return end
+    H.lua_ok([[
+      local cb = require("async_hooks.luvcb")
+      print(pcall(cb.flags, 1))
+      print(pcall(cb.flags, "x") == false)
+    ]], { "false\tasync_hooks.luvcb: flags() before attach() in this Lua state", "true" })
+  end)
+
   it("stays out when registry.luv_context is not luv's context", function()
     if not need_helper() then return end
     H.lua_ok([[

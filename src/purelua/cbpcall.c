@@ -305,7 +305,7 @@ static int l_attached(lua_State *L) {
 static int l_flags(lua_State *L) {
   hstate *st = get_state(L);
   int flags = (int)luaL_checkinteger(L, 1);
-  luaL_argcheck(L, st != NULL, 1, "not attached");
+  if (st == NULL) return luaL_error(L, "async_hooks.luvcb: flags() before attach() in this Lua state");
   st->flags = flags;
   return 0;
 }
