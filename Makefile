@@ -82,9 +82,10 @@ build/purelua/%/async_hooks/luvcb.so: src/purelua/cbpcall.c
 	  -I/usr/include/lua$* -shared $< -o $@"; \
 	echo $$cmd; $$cmd
 
-# Each runtime with the helper (ASYNC_HOOKS_LUVCB=1: it must load; without
-# it where it is not built), then those of PURELUA_NOHELPER without it (=0:
-# the pure-Lua path alone).
+# Each runtime with the helper (ASYNC_HOOKS_LUVCB=1: it must load, so that
+# a helper that is built but does not load fails the run; without it where
+# it is not built), then those of PURELUA_NOHELPER without it (=0: the
+# pure-Lua path alone).
 PURELUA_NOHELPER ?= luajit lua5.1
 .PHONY: test-purelua
 test-purelua: purelua-helper
@@ -95,7 +96,7 @@ test-purelua: purelua-helper
 	    echo "test-purelua: $$l skipped: no luv for it (Debian: lua-luv)"; continue; fi; \
 	  if ! $(PURELUA_ENV) $$l -e 'require("busted.runner")' >/dev/null 2>&1; then \
 	    echo "test-purelua: $$l skipped: no busted for it (Debian: lua-busted)"; continue; fi; \
-	  if [ $$helper = 1 ] && ! $(PURELUA_ENV) $(PURELUA_CPATH) $$l -e 'require("async_hooks.luvcb")' >/dev/null 2>&1; then \
+	  if [ $$helper = 1 ] && [ ! -f build/purelua/$$($$l -e 'io.write((_VERSION:gsub("Lua ", "")))')/async_hooks/luvcb.so ]; then \
 	    echo "test-purelua: $$l: the C helper is not built (see purelua-helper): without it"; helper=0; fi; \
 	  if [ $$helper = 1 ]; then echo "== $$l, with the C helper"; else echo "== $$l, pure Lua"; fi; \
 	  $(PURELUA_ENV) $(PURELUA_CPATH) ASYNC_HOOKS_LUVCB=$$helper \

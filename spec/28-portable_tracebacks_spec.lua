@@ -205,6 +205,28 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
       or "the C helper is not built for this runtime")
   end
 
+  -- a copy of the helper's library in a file of its own: loaded with
+  -- package.loadlib, a separate module with its own state (the caller
+  -- removes the file)
+  local function helper_copy()
+    local file
+    for template in package.cpath:gmatch("[^;]+") do
+      local path = template:gsub("%?", "async_hooks/luvcb")
+      local f = io.open(path, "rb")
+      if f then
+        file = f:read("*a")
+        f:close()
+        break
+      end
+    end
+    assert(file, "the helper's file is not on package.cpath")
+    local copy = os.tmpname() .. ".so"
+    local f = assert(io.open(copy, "wb"))
+    f:write(file)
+    f:close()
+    return copy
+  end
+
   it("install() puts it in front of luv's cb_pcall, uninstall() gives luv's back", function()
     if not need_helper() then return end
     assert.is_false(luvcb.attached())
@@ -320,23 +342,8 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
 
   it("uninstall() and install() again behind a cb_pcall put in front of the helper's later", function()
     if not need_helper() then return end
-    -- (a second copy of the helper's library, loaded from another file, is
-    -- a separate module with its own state: it chains to the first one)
-    local file
-    for template in package.cpath:gmatch("[^;]+") do
-      local path = template:gsub("%?", "async_hooks/luvcb")
-      local f = io.open(path, "rb")
-      if f then
-        file = f:read("*a")
-        f:close()
-        break
-      end
-    end
-    assert(file, "the helper's file is not on package.cpath")
-    local copy = os.tmpname() .. ".so"
-    local f = assert(io.open(copy, "wb"))
-    f:write(file)
-    f:close()
+    -- (a second copy of the helper's library chains to the first one)
+    local copy = helper_copy()
     local status, out, err = H.run_lua(([[
       local uv = require("luv")
       local ah = require("async_hooks").install()
@@ -360,6 +367,71 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
     assert.equal("", err)
     assert.equal(0, status)
     assert.equal("behind\nagain\nalone\n", out)
+  end)
+
+  it("a cb_pcall behind the helper's gets the callbacks it cannot take for want of stack", function()
+    if not need_helper() then return end
+    -- (a copy of the helper attached between luv's cb_pcall and the
+    -- helper's, adding luv's no-exit flag: a callback's error must go
+    -- through it with the stack nearly full too.  uv.run's 7995 arguments
+    -- leave its frame too little room on Lua 5.1 and LuaJIT, whose limit
+    -- is 8000 slots a C frame; the other runtimes have room)
+    local copy = helper_copy()
+    local status, out, err = H.run_lua(([[
+      local uv = require("luv")
+      local unpack = unpack or table.unpack
+      local ah = require("async_hooks")
+      ah.install()
+      ah.uninstall()
+      local other = assert(package.loadlib(%q, "luaopen_async_hooks_luvcb"))()
+      local function f() end
+      assert(other.attach(f, f, {}, {}))
+      other.flags(1)
+      ah.install()
+      local function tick(n)
+        local t = uv.new_timer()
+        t:start(1, 0, function() t:close(); error("boom " .. n) end)
+        local args = { "default" }
+        for i = 2, n do args[i] = "x" end
+        uv.run(unpack(args, 1, n))
+        print("survived " .. n)
+      end
+      tick(1)
+      tick(7995)
+    ]]):format(copy))
+    os.remove(copy)
+    assert.equal(0, status, err)
+    assert.equal("survived 1\nsurvived 7995\n", out)
+    assert.matches("^Uncaught Error: [^\n]*boom 1\n", err)
+    assert.matches("\nUncaught Error: [^\n]*boom 7995\n", err)
+  end)
+
+  it("leaves a uv.run that is a C function with upvalues to the Lua wrapper", function()
+    if not need_helper() then return end
+    -- (the helper's run calls luv's as C with its own upvalues; a
+    -- coroutine.wrap function has some of its own)
+    H.lua_ok([[
+      local uv = require("luv")
+      local unpack = unpack or table.unpack
+      local run = uv.run
+      uv.run = coroutine.wrap(function(...)
+        local args = { ... }
+        while true do args = { coroutine.yield(run(unpack(args))) } end
+      end)
+      require("async_hooks").install()
+      local t = uv.new_timer()
+      t:start(1, 0, function() print("tick"); t:close() end)
+      print(pcall(uv.run))
+    ]], { "tick", "true\tfalse" })
+  end)
+
+  it("flags() in a Lua state it is not attached to: an error that says so", function()
+    if not need_helper() then return end
+    H.lua_ok([[
+      local cb = require("async_hooks.luvcb")
+      print(pcall(cb.flags, 1))
+      print(pcall(cb.flags, "x") == false)
+    ]], { "false\tasync_hooks.luvcb: flags() before attach() in this Lua state", "true" })
   end)
 
   it("stays out when registry.luv_context is not luv's context", function()

@@ -30,12 +30,15 @@
 #define _POSIX_C_SOURCE 200809L /* libuv's header needs pthread_rwlock_t */
 #endif
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lua.h"
 #include "lauxlib.h"
 
-#define LUVCB_NOEXIT 0x01 /* luv's LUVF_CALLBACK_NOEXIT */
+#define LUVCB_NOEXIT 0x01   /* luv's LUVF_CALLBACK_NOEXIT */
+#define LUVCB_NOERRMSG 0x04 /* luv's LUVF_CALLBACK_NOERRMSG */
 
 #if LUA_VERSION_NUM >= 502
 #define luvcb_rawlen lua_rawlen
@@ -68,8 +71,10 @@ typedef struct {
 #define LUVCB_SAME(a, b) ((a) == (b) ? 1 : -1)
 typedef char luvcb_check_size[LUVCB_SAME(sizeof(luv_ctx_t), sizeof(luv_ctx))];
 typedef char luvcb_check_cb[LUVCB_SAME(offsetof(luv_ctx_t, cb_pcall), offsetof(luv_ctx, cb_pcall))];
+typedef char luvcb_check_thrd[LUVCB_SAME(offsetof(luv_ctx_t, thrd_pcall), offsetof(luv_ctx, thrd_pcall))];
 typedef char luvcb_check_mode[LUVCB_SAME(offsetof(luv_ctx_t, mode), offsetof(luv_ctx, mode))];
 typedef char luvcb_check_flag[LUVCB_SAME(LUVF_CALLBACK_NOEXIT, LUVCB_NOEXIT)];
+typedef char luvcb_check_nomsg[LUVCB_SAME(LUVF_CALLBACK_NOERRMSG, LUVCB_NOERRMSG)];
 #endif
 
 typedef struct {
@@ -101,9 +106,45 @@ static __thread hstate *cache_st = NULL;
 #define LUVCB_CACHE 0
 #endif
 
-/* the first luv cb_pcall this helper replaced: for a Lua state whose
-** table is gone (it can only be while the state closes) */
+/* For a callback whose state cannot be found (no stack left for the
+** lookup, or the table gone), that state's own chain behind this helper is
+** unknown.  What every state's chain ends in is luv's default cb_pcall
+** (luv_cfpcall, one function in the process), so that is the fallback,
+** never a function a host put in front of luv's for one state.  It is the
+** cb_pcall of a context where cb_pcall and thrd_pcall are the same (luv's
+** defaults for both; a host's own cb_pcall, as Neovim's, differs), written
+** once atomically: luv threads attach their states concurrently.  Where
+** it is not known, bare_pcall runs the callback. */
+#if defined(__GNUC__)
 static luv_pcall_fn fallback = NULL;
+#define luvcb_get_fallback() __atomic_load_n(&fallback, __ATOMIC_ACQUIRE)
+static void learn_fallback(const luv_ctx *ctx) {
+  luv_pcall_fn none = NULL;
+  if (ctx->cb_pcall != ctx->thrd_pcall) return;
+  __atomic_compare_exchange_n(&fallback, &none, ctx->cb_pcall, 0, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
+}
+#else
+#define luvcb_get_fallback() ((luv_pcall_fn)NULL)
+#define learn_fallback(ctx) ((void)(ctx))
+#endif
+
+/* the last resort: the callback in lua_pcall (no stack needed), its error
+** reported as luv's default reports it, without the traceback */
+static int bare_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  int base = lua_gettop(L) - nargs - 1;
+  int r = lua_pcall(L, nargs, nresults, 0);
+  const char *msg;
+  if (r == 0) return nresults == LUA_MULTRET ? lua_gettop(L) - base : nresults;
+  if (!(flags & LUVCB_NOERRMSG)) {
+    msg = lua_tostring(L, -1);
+    fprintf(stderr, "%s: %s\n", r == LUA_ERRMEM ? "System Error" : "Uncaught Error",
+            msg != NULL ? msg : "(error object is not a string)");
+  }
+  if (!(flags & LUVCB_NOEXIT)) exit(-1);
+  lua_pop(L, 1);
+  return -r;
+}
 
 static int push_table(lua_State *L) {
   lua_pushlightuserdata(L, (void *)&key);
@@ -111,6 +152,23 @@ static int push_table(lua_State *L) {
   if (lua_istable(L, -1)) return 1;
   lua_pop(L, 1);
   return 0;
+}
+
+/* L's state: the cached one, or the registry's (two slots); NULL when
+** there is no stack for the lookup or no table */
+static hstate *find_state(lua_State *L) {
+  hstate *st;
+#if LUVCB_CACHE
+  if (L == cache_L) return cache_st;
+#endif
+  if (!lua_checkstack(L, 2) || !push_table(L)) return NULL;
+  lua_rawgeti(L, -1, T_STATE);
+  st = (hstate *)lua_touserdata(L, -1);
+  lua_pop(L, 2);
+#if LUVCB_CACHE
+  cache_L = L, cache_st = st;
+#endif
+  return st;
 }
 
 /* raises its argument again: an error of enter or leave goes to luv's
@@ -133,22 +191,15 @@ static int report(lua_State *L, hstate *st, int idx, int nresults, int flags) {
 static int cb_pcall(lua_State *L, int nargs, int nresults, int flags) {
   int fn = lua_gettop(L) - nargs;
   int ours = 0, r;
-  hstate *st;
-  if (!lua_checkstack(L, 8)) return fallback(L, nargs, nresults, flags);
-  st = NULL;
-#if LUVCB_CACHE
-  if (L == cache_L) st = cache_st;
-#endif
+  hstate *st = find_state(L);
   if (st == NULL) {
-    if (!push_table(L)) return fallback(L, nargs, nresults, flags);
-    lua_rawgeti(L, -1, T_STATE);
-    st = (hstate *)lua_touserdata(L, -1);
-    lua_pop(L, 2);
-#if LUVCB_CACHE
-    cache_L = L, cache_st = st;
-#endif
+    luv_pcall_fn f = luvcb_get_fallback();
+    return (f != NULL ? f : bare_pcall)(L, nargs, nresults, flags);
   }
   flags |= st->flags;
+  /* no room to take the record: the callback to this state's own chain,
+  ** untouched (the record's __call runs it) */
+  if (!lua_checkstack(L, 8)) return st->orig(L, nargs, nresults, flags);
   if (st->attached) {
     /* the record: fn itself (a table of the backend's metatable), or the
     ** one a closure of the backend stands for; -> [fn args enter rec] */
@@ -269,7 +320,7 @@ static int l_attach(lua_State *L) {
   if (st->ctx != ctx || !st->in_chain) {
     st->ctx = ctx;
     st->orig = ctx->cb_pcall;
-    if (fallback == NULL) fallback = st->orig;
+    learn_fallback(ctx);
     ctx->cb_pcall = cb_pcall;
     st->in_chain = 1;
   }
@@ -305,7 +356,7 @@ static int l_attached(lua_State *L) {
 static int l_flags(lua_State *L) {
   hstate *st = get_state(L);
   int flags = (int)luaL_checkinteger(L, 1);
-  luaL_argcheck(L, st != NULL, 1, "not attached");
+  if (st == NULL) return luaL_error(L, "async_hooks.luvcb: flags() before attach() in this Lua state");
   st->flags = flags;
   return 0;
 }
@@ -320,10 +371,12 @@ static int run_closure(lua_State *L) {
 }
 
 /* run(luv_run, flush): the replacement of uv.run, or nil when luv's run
-** is not a C function */
+** is not a C function without upvalues (run_closure calls it with its own
+** upvalues: one that has some, as coroutine.wrap's, would read those) */
 static int l_run(lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (lua_tocfunction(L, 1) == NULL) return 0;
+  if (lua_getupvalue(L, 1, 1) != NULL) return 0;
   lua_settop(L, 2);
   lua_pushcclosure(L, run_closure, 2);
   return 1;
