@@ -8,21 +8,13 @@
 -- paired ratios of call + run to the raw one.
 -- luacheck: read globals vim jit
 local here = debug.getinfo(1, "S").source:match("^@(.*)bench/[^/]*$") or "./"
-package.path = here .. "lua/?.lua;" .. here .. "lua/?/init.lua;" .. package.path
+package.path = here .. "lua/?.lua;" .. here .. "lua/?/init.lua;" .. here .. "bench/?.lua;" .. package.path
+local median = require("stats").median
 local ah = require("async_hooks")
 
 local N = 10000
 local ROUNDS = tonumber(vim.v.argv[#vim.v.argv]) or 9
 local v = ah.AsyncLocal.new()
-
-local function median(t)
-  local s = {}
-  for i = 1, #t do s[i] = t[i] end
-  table.sort(s)
-  local n = #s
-  if n % 2 == 1 then return s[(n + 1) / 2] end
-  return (s[n / 2] + s[n / 2 + 1]) / 2
-end
 
 local ran = 0
 local function fn() ran = ran + 1 end

@@ -8,21 +8,15 @@
 --   luajit bench/runtimes.lua [rounds]        (lua/ on package.path)
 -- Prints one line per case: ns per operation raw and with the library,
 -- and the ratio.
+local here = (arg and arg[0] or ""):match("^(.*)runtimes%.lua$") or "bench/"
+package.path = here .. "?.lua;" .. package.path
+local median = require("stats").median
 local uv = require("luv")
 local ah = require("async_hooks")
 local hrtime = uv.hrtime
 
 local ROUNDS = tonumber(arg and arg[1]) or 15
 local v = ah.AsyncLocal.new()
-
-local function median(t)
-  local s = {}
-  for i = 1, #t do s[i] = t[i] end
-  table.sort(s)
-  local n = #s
-  if n % 2 == 1 then return s[(n + 1) / 2] end
-  return (s[n / 2] + s[n / 2 + 1]) / 2
-end
 
 -- each case: n operations, run(n) returns nothing; `lib` true: installed
 -- with a value set
