@@ -261,11 +261,16 @@ describe("the C helper (async_hooks.luvcb) on " .. P.RUNTIME, function()
         v:run(name, function() t:start(0, 0, step) end)
         uv.run()
         local attached = require("async_hooks.backend.luv_lua").luvcb.attached()
-        io.write(name, " ", tostring(attached), " ", bad, "\n")
+        -- (one write per state, the main state's after the join: the two
+        -- lines do not interleave)
+        local line = name .. " " .. tostring(attached) .. " " .. bad .. "\n"
+        if path then io.write(line) end
+        return line
       end
       local th = uv.new_thread(body, "thread", 20000, package.path, package.cpath)
-      body("main", 20000)
+      local line = body("main", 20000)
       th:join()
+      io.write(line)
     ]], nil)
     local lines = {}
     for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
