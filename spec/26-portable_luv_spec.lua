@@ -282,6 +282,95 @@ describe("luv on " .. P.RUNTIME .. " (" .. ah.backend .. ")", function()
     ]], { "frame collected: true", "callback collected: true", "callback collected: true" })
   end)
 
+  it("a registration ended inside a scope of its callback: its own destroy, not the scope's", function()
+    -- (closed inside runInAsyncScope, and started again there: the ended
+    -- registration's destroy carries its id)
+    local inits, destroys = {}, {}
+    track(ah.createHook {
+      init = function(id, type) if type == "uv_timer" then inits[#inits + 1] = id end end,
+      destroy = function(id) destroys[#destroys + 1] = id end,
+    }):enable()
+    local ar = ah.AsyncResource.new("AR")
+    local t = uv.new_timer()
+    local n = 0
+    local function cb()
+      n = n + 1
+      if n == 1 then
+        ar:runInAsyncScope(function() t:start(0, 0, cb) end)
+      else
+        ar:runInAsyncScope(function() t:close() end)
+      end
+    end
+    t:start(0, 0, cb)
+    uv.run()
+    ah.flush()
+    assert.equal(2, #inits)
+    assert.same(inits, destroys)
+    assert.is_true(inits[1] ~= ar:asyncId() and inits[2] ~= ar:asyncId())
+  end)
+
+  it("a nested call and the outer one see one resource, whichever asks first; a reused record starts afresh", function()
+    local v = AsyncLocal.new()
+    local t = uv.new_timer()
+    -- a repeating registration whose first call runs the loop once more:
+    -- the second call, nested, asks for the resource before the outer one
+    local function phase(name)
+      local n, inner, outer = 0, nil, nil
+      v:run(name, function()
+        t:start(1, 1, function()
+          n = n + 1
+          if n == 1 then
+            uv.run("once")
+            outer = ah.executionAsyncResource()
+          else
+            inner = ah.executionAsyncResource()
+            t:stop()
+          end
+        end)
+      end)
+      uv.run()
+      return inner, outer
+    end
+    local a_inner, a_outer = phase("A")
+    v:run("B", function() t:start(1000, 0, function() end) end) -- (replaces A's registration)
+    local c_inner, c_outer = phase("C") -- (may take A's record again)
+    t:close()
+    uv.run()
+    assert.is_not_nil(a_inner)
+    assert.equal(a_inner, a_outer)
+    assert.equal(c_inner, c_outer)
+    assert.is_true(c_inner ~= a_inner)
+  end)
+
+  it("a record kept for reuse and collected before it is taken: a new one", function()
+    -- (a call hook that collects inside the library, between its finding
+    -- the replaced record and its taking it: a debugger or a profiler that
+    -- allocates does the same at a smaller scale)
+    H.lua_ok([[
+      local uv = require("luv")
+      local ah = require("async_hooks").install()
+      local v = ah.AsyncLocal.new()
+      local t = uv.new_timer()
+      local function noop() end
+      local seen
+      v:run("x", function()
+        t:start(1000, 0, noop)
+        t:start(1000, 0, noop) -- (replaces the first: its record kept for reuse)
+        debug.sethook(function()
+          local info = debug.getinfo(2, "S")
+          if info.source:find("luv_lua", 1, true) then collectgarbage() end
+        end, "c")
+        local ok, e = pcall(t.start, t, 0, 0, function() seen = v:get() end)
+        debug.sethook()
+        print(ok, e)
+      end)
+      uv.run()
+      print(seen)
+      t:close()
+      uv.run()
+    ]], { { "true", "0" }, "x" })
+  end)
+
   it("a callback called again while it runs (uv.run inside it): its own frame and ids, the outer's back after", function()
     -- (a repeating timer whose first call runs the loop once more, in a
     -- resource's scope: the second call runs nested; Neovim's vim.wait

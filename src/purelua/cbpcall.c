@@ -108,19 +108,16 @@ static __thread hstate *cache_st = NULL;
 
 /* For a callback whose state cannot be found (no stack left for the
 ** lookup, or the table gone), that state's own chain behind this helper is
-** unknown.  What every state's chain ends in is luv's default cb_pcall
-** (luv_cfpcall, one function in the process), so that is the fallback,
-** never a function a host put in front of luv's for one state.  It is the
-** cb_pcall of a context where cb_pcall and thrd_pcall are the same (luv's
-** defaults for both; a host's own cb_pcall, as Neovim's, differs), written
-** once atomically: luv threads attach their states concurrently.  Where
-** it is not known, bare_pcall runs the callback. */
-#if defined(__GNUC__)
+** unknown.  The fallback is the cb_pcall the first attached state had
+** (luv's default, or the host's own, as Neovim's, which reports an error
+** without ending the process), written once atomically: luv threads
+** attach their states concurrently.  Where it is not known, bare_pcall
+** runs the callback. */
+#if defined(__clang__) || (defined(__GNUC__) && (__GNUC__ > 4 || (__GNUC__ == 4 && __GNUC_MINOR__ >= 7)))
 static luv_pcall_fn fallback = NULL;
 #define luvcb_get_fallback() __atomic_load_n(&fallback, __ATOMIC_ACQUIRE)
 static void learn_fallback(const luv_ctx *ctx) {
   luv_pcall_fn none = NULL;
-  if (ctx->cb_pcall != ctx->thrd_pcall) return;
   __atomic_compare_exchange_n(&fallback, &none, ctx->cb_pcall, 0, __ATOMIC_ACQ_REL,
                               __ATOMIC_ACQUIRE);
 }
@@ -139,7 +136,7 @@ static int bare_pcall(lua_State *L, int nargs, int nresults, int flags) {
   if (!(flags & LUVCB_NOERRMSG)) {
     msg = lua_tostring(L, -1);
     fprintf(stderr, "%s: %s\n", r == LUA_ERRMEM ? "System Error" : "Uncaught Error",
-            msg != NULL ? msg : "(error object is not a string)");
+            msg != NULL ? msg : "(null)"); /* (luv prints a NULL with %s) */
   }
   if (!(flags & LUVCB_NOEXIT)) exit(-1);
   lua_pop(L, 1);

@@ -150,11 +150,18 @@ function B.executionAsyncResource()
   end
   local res = rec.res
   if res == nil then
-    if rec.s then
-      res = luv_resource(rec)
-      if rec.id == rec.rid then rec.rres = res end -- (the registration's own)
-    else
+    if rec.s == nil then
       res = {}
+    elseif rec.id == rec.rid then
+      -- the registration's own, made once for all its calls (a call nested
+      -- in another may have made it: nest_enter)
+      res = rec.rres
+      if res == nil then
+        res = luv_resource(rec)
+        rec.rres = res
+      end
+    else
+      res = luv_resource(rec)
     end
     rec.res = res
   end
@@ -663,8 +670,8 @@ local REGMT = {}
 local function new_reg(s, h, x1, x2)
   local parent = cur
   local id = fresh_id()
-  -- (every field a record gets, but the named arguments x1 and x2, is made
-  -- here: a field added later resizes the table)
+  -- (the fields every record gets are made here: one added later may
+  -- resize the table; x1, x2, tok, res, rres and nest only some get)
   local f = parent.f
   local rec = setmetatable({ f = f, f0 = f, id = id, trig = parent.id, s = s, h = h,
     cb = false, once = false, run = 0, rid = id, rtrig = parent.id, regs = false }, REGMT)
@@ -681,7 +688,7 @@ local function end_reg(rec)
   if tok ~= nil then -- (once: the token goes with it)
     rec.tok = nil
     tok_id[tok] = nil
-    queue_destroy(rec.id)
+    queue_destroy(rec.rid) -- (rec.id is a scope's while one is open in a call)
   end
 end
 
@@ -721,7 +728,10 @@ end
 reuse_reg = function(s, h)
   local rec = spare[h]
   spare[h] = nil
-  if rec.run ~= 0 or rec.s ~= s or rec.res ~= nil or rec.tok ~= nil then return new_reg(s, h) end
+  -- (nil: collected since the caller found it, by a collection in between)
+  if rec == nil or rec.run ~= 0 or rec.s ~= s or rec.res ~= nil or rec.rres ~= nil or rec.tok ~= nil then
+    return new_reg(s, h)
+  end
   local parent = cur
   local f, id, trig = parent.f, next_id, parent.id
   next_id = id + 1
@@ -1144,10 +1154,8 @@ local function detach()
     p[1][p[2]] = p[3]
   end
   persist.luv = nil
-  -- the handles' registrations are forgotten: a record holds its handle,
-  -- and once luv's own close runs nothing would take the entry away (a
-  -- weak key does not free a value that refers to it before Lua 5.2's
-  -- ephemerons, and not on LuaJIT); their destroys are not emitted
+  -- the handles' registrations are forgotten (their destroys are not
+  -- emitted): the library no longer sees their close
   for h in pairs(hregs) do hregs[h] = nil end
   for h in pairs(ureg) do ureg[h] = nil end
   for h in pairs(spare) do spare[h] = nil end
