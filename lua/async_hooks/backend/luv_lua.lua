@@ -713,7 +713,7 @@ local function hold(h, slot, rec)
   end
   local old = regs[slot]
   regs[slot] = rec
-  if rec ~= nil and rec.regs ~= regs then rec.regs = regs end -- (a reused record has it)
+  if rec ~= nil then rec.regs = regs end
   if old ~= nil then
     if old.tok ~= nil then end_reg(old) end
     if old.res == nil and old.x1 == nil and old.x2 == nil then spare[h] = old end
